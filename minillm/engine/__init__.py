@@ -1,0 +1,1 @@
+"""Engines: the single-sequence reference path and the continuous-batching LLMEngine."""

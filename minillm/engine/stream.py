@@ -1,0 +1,43 @@
+"""Token ids -> text for one request: incremental detokenization, stop strings, stop tokens, length limit.
+
+Text that could still turn into a stop string is held back, so a stop string never reaches the caller."""
+from __future__ import annotations
+
+from minillm.loading.tokenizer import IncrementalDetokenizer, Tokenizer
+from minillm.sampling.params import SamplingParams
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, eos_token_ids: set[int]) -> None:
+        self.params = params
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.token_ids: list[int] = []
+        self.text = ""            # final text (stop string removed once finished)
+        self.emitted = 0          # characters already handed to the caller
+        self.finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, token_id: int) -> str:
+        """Feed one sampled token; return the text delta that is safe to show now."""
+        self.token_ids.append(token_id)
+        if token_id in self.stop_ids:
+            self.finish_reason = "stop"
+        else:
+            self.detok.add(token_id)
+            self.text = self.detok.text
+            for s in self.params.stop:
+                # search only where a new match can start: the tail that the latest delta could complete
+                cut = self.text.find(s, max(0, self.emitted - len(s)))
+                if cut != -1:
+                    self.text, self.finish_reason = self.text[:cut], "stop"
+                    break
+        if not self.finished and len(self.token_ids) >= self.params.max_tokens:
+            self.finish_reason = "length"
+        safe = len(self.text) if self.finished else max(self.emitted, len(self.text) - self.holdback)
+        delta, self.emitted = self.text[self.emitted:safe], safe
+        return delta

@@ -1,0 +1,1 @@
+"""Model loading: GGUF files, Hugging Face directories, tokenizers."""

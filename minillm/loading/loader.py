@@ -1,0 +1,262 @@
+"""Turn `--model` (\"default\", a .gguf file, or a Hugging Face directory) into a ready LlamaModel + Tokenizer."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from minillm.config import ModelConfig
+from minillm.loading.default_model import default_model_path
+from minillm.loading.errors import ModelLoadError
+
+from minillm.models.llama import LlamaModel
+
+SUPPORTED_ARCHS = ("llama", "mistral")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: "Tokenizer"  # noqa: F821
+    config: ModelConfig
+    path: Path
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use float32 or bfloat16")
+    return DTYPES[dtype]
+
+
+def resolve_model_path(spec: str | Path) -> Path:
+    if str(spec) == "default":
+        return default_model_path()
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model path {str(path)!r} does not exist. --model takes 'default', a .gguf file, "
+            "or a Hugging Face directory with config.json, *.safetensors and tokenizer.json.")
+    return path
+
+
+def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32") -> LoadedModel:
+    path = resolve_model_path(spec)
+    torch_dtype = resolve_dtype(dtype)
+    if path.is_dir():
+        cfg, weights, tok = _read_hf_dir(path)
+    elif path.suffix == ".gguf" or _has_gguf_magic(path):
+        cfg, weights, tok = _read_gguf(path)
+    else:
+        raise ModelLoadError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
+    model = build_model(cfg, weights, torch_dtype)
+    return LoadedModel(model, tok, cfg, path)
+
+
+def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> LlamaModel:
+    """Instantiate on the meta device, then fill from (hf_name, tensor) pairs, fusing qkv and gate/up."""
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    state: dict[str, torch.Tensor] = {}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in weights:
+        target, part = _fused_target(name)
+        if part is None:
+            state[target] = t
+            continue
+        pending.setdefault(target, {})[part] = t
+    for target, parts in pending.items():
+        order = ["q", "k", "v"] if "qkv" in target else ["gate", "up"]
+        missing = [p for p in order if p not in parts]
+        if missing:
+            raise ModelLoadError(f"checkpoint lacks the {missing} projection(s) for {target}")
+        state[target] = torch.cat([parts[p] for p in order], dim=0)
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = dict(model.named_parameters())
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"checkpoint does not match a Llama model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    for name, p in expected.items():
+        if tuple(state[name].shape) != tuple(p.shape):
+            raise ModelLoadError(f"{name}: checkpoint shape {tuple(state[name].shape)} != expected {tuple(p.shape)}")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+    model.rotary = type(model.rotary)(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, cfg.rope_scaling)
+    if getattr(cfg, "_rope_freqs", None) is not None:
+        model.rotary.inv_freq = model.rotary.inv_freq / cfg._rope_freqs  # llama3-style factors stored in GGUF
+    return model.eval()
+
+
+def _fused_target(hf_name: str) -> tuple[str, str | None]:
+    name = hf_name.removeprefix("model.") if not hf_name.startswith("lm_head") else hf_name
+    for part in ("q", "k", "v"):
+        if name.endswith(f"self_attn.{part}_proj.weight"):
+            return name.replace(f"{part}_proj", "qkv_proj"), part
+    for part in ("gate", "up"):
+        if name.endswith(f"mlp.{part}_proj.weight"):
+            return name.replace(f"{part}_proj", "gate_up_proj"), part
+    return name, None
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+
+def _read_hf_dir(path: Path):
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json: a Hugging Face model directory needs config.json, "
+                             "*.safetensors and tokenizer.json")
+    hf = json.loads(cfg_file.read_text())
+    cfg = config_from_hf(hf)
+    files = _safetensors_files(path)
+    if not (path / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{path} has no tokenizer.json")
+    from minillm.loading.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(path)
+    return cfg, _iter_safetensors(files), tok
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    model_type = hf.get("model_type", "")
+    archs = hf.get("architectures") or []
+    if model_type not in SUPPORTED_ARCHS and not any(a in ("LlamaForCausalLM", "MistralForCausalLM") for a in archs):
+        raise ModelLoadError(f"unsupported architecture {model_type or archs!r}: minillm runs Llama-family models "
+                             f"({', '.join(SUPPORTED_ARCHS)})")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ModelLoadError("unsupported architecture: attention/MLP biases are not part of the Llama family minillm runs")
+    heads = hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=theta, rope_scaling=scaling, max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False), bos_token_id=hf.get("bos_token_id"),
+        eos_token_id=hf.get("eos_token_id"), name=hf.get("_name_or_path") or model_type)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path} has no *.safetensors weights")
+    return files
+
+
+def _iter_safetensors(files: list[Path]):
+    from safetensors import safe_open
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if "rotary_emb" in name:
+                        continue
+                    yield name, st.get_tensor(name).float()
+        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises SafetensorError(Exception)
+            raise ModelLoadError(f"could not read {f}: {e}. The file is corrupt or truncated; re-download it.") from e
+        except Exception as e:
+            if type(e).__name__ == "SafetensorError":
+                raise ModelLoadError(f"could not read {f}: {e}. The file is corrupt or truncated.") from e
+            raise
+
+
+# ---------------------------------------------------------------- GGUF
+
+def _has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+GGUF_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def config_from_gguf(md: dict[str, Any]) -> ModelConfig:
+    arch = md.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"unsupported architecture {arch!r} in GGUF: minillm runs Llama-family models "
+                             f"({', '.join(SUPPORTED_ARCHS)})")
+
+    def get(key: str, default: Any = None) -> Any:
+        return md.get(f"{arch}.{key}", default)
+
+    heads = get("attention.head_count")
+    kv_heads = get("attention.head_count_kv", heads)
+    hidden = get("embedding_length")
+    scaling = None
+    stype = get("rope.scaling.type")
+    if stype and stype != "none":
+        scaling = {"rope_type": stype, "factor": get("rope.scaling.factor", 1.0)}
+        if get("rope.scaling.original_context_length"):
+            scaling["original_max_position_embeddings"] = get("rope.scaling.original_context_length")
+    vocab = get("vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+    return ModelConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=get("feed_forward_length"),
+        num_layers=get("block_count"), num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=get("attention.key_length") or hidden // heads,
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=get("rope.freq_base", 10000.0),
+        rope_scaling=scaling, max_position_embeddings=get("context_length", 2048),
+        bos_token_id=md.get("tokenizer.ggml.bos_token_id"), eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
+        name=md.get("general.name", arch))
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's row permutation of Q/K (it interleaves RoPE pairs); back to Hugging Face's rotate-half layout."""
+    out_features, in_features = w.shape
+    head_dim = out_features // n_head
+    return w.view(n_head, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)
+
+
+def _read_gguf(path: Path):
+    from minillm.loading.gguf_file import GGUFFile
+    gf = GGUFFile.open(path)
+    cfg = config_from_gguf(gf.metadata)
+    cfg.tie_word_embeddings = not gf.has_tensor("output.weight")
+    if gf.has_tensor("rope_freqs.weight"):
+        cfg._rope_freqs = gf.load("rope_freqs.weight")
+    from minillm.loading.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(gf.metadata)
+    return cfg, _iter_gguf(gf, cfg), tok
+
+
+def _iter_gguf(gf, cfg: ModelConfig):
+    for name in gf.tensor_names:
+        if name == "rope_freqs.weight":
+            continue
+        t = gf.load(name)
+        if name == "token_embd.weight":
+            yield "embed_tokens.weight", t
+        elif name == "output_norm.weight":
+            yield "norm.weight", t
+        elif name == "output.weight":
+            yield "lm_head.weight", t
+        elif name.startswith("blk."):
+            _, idx, kind, _ = name.split(".", 3)
+            if kind not in GGUF_NAMES:
+                raise ModelLoadError(f"unexpected GGUF tensor {name}: not a Llama-family weight")
+            if kind == "attn_q":
+                t = unpermute_qk(t, cfg.num_heads)
+            elif kind == "attn_k":
+                t = unpermute_qk(t, cfg.num_kv_heads)
+            yield f"layers.{idx}.{GGUF_NAMES[kind]}.weight", t
+        else:
+            raise ModelLoadError(f"unexpected GGUF tensor {name}: not a Llama-family weight")

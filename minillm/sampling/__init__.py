@@ -1,0 +1,1 @@
+"""Sampling: SamplingParams and the batched sampler."""

@@ -1,0 +1,68 @@
+"""Tiny random Llama checkpoints built in-test with transformers and saved as safetensors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def hf_llama_config(heads: int = 4, kv_heads: int = 2, head_dim: int = 16, layers: int = 2, vocab: int = 128,
+                    tie: bool = False, rope: dict | None = None, max_pos: int = 256):
+    from transformers import LlamaConfig
+    rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope:
+        rope_parameters = {"rope_theta": 10000.0, **rope}
+    return LlamaConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=3 * heads * head_dim,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       head_dim=head_dim, rms_norm_eps=1e-5, max_position_embeddings=max_pos,
+                       tie_word_embeddings=tie, rope_parameters=rope_parameters,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def make_hf_model(seed: int = 0, **kw):
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_llama_config(**kw)).eval()
+    with torch.no_grad():  # default init is tiny; widen it so differences would show
+        for p in model.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model
+
+
+def save_hf_dir(model, path: Path) -> Path:
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def load_minillm_from_dir(path: Path, dtype=torch.float32):
+    from minillm.loading.loader import _iter_safetensors, _safetensors_files, build_model, config_from_hf
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()))
+    return build_model(cfg, _iter_safetensors(_safetensors_files(path)), dtype)
+
+
+def minillm_logits(model, ids: list[int]) -> torch.Tensor:
+    """Full-sequence logits [n, V] through the reference path (contiguous cache, one prefill)."""
+    from minillm.kv.contiguous import ContiguousKVCache
+    from minillm.layers.attention import TorchAttentionBackend
+    from minillm.models.llama import ForwardContext
+    cache = ContiguousKVCache(model.cfg, 1, len(ids), dtype=model.dtype)
+    meta = cache.metadata([0], [0], [len(ids)])
+    h = model(torch.tensor(ids), torch.arange(len(ids)), ForwardContext(meta, cache, TorchAttentionBackend()))
+    return model.compute_logits(h)
+
+
+def random_model(seed: int = 0, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, layers: int = 2,
+                 vocab: int = 128, tie: bool = False, dtype=torch.float32, max_pos: int = 512):
+    """A minillm LlamaModel with random weights, no transformers involved (fast, for property tests)."""
+    from minillm.config import ModelConfig
+    from minillm.models.llama import LlamaModel
+    cfg = ModelConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=3 * heads * head_dim,
+                      num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=max_pos, tie_word_embeddings=tie, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return model.to(dtype).eval()
