@@ -1,1 +1,16 @@
-"""minillm"""
+"""minillm: a from-scratch LLM inference engine, built up across graded labs.
+
+    from minillm import LLM, SamplingParams
+"""
+from minillm.sampling.params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and the loaders; import it on first use so `import minillm` stays light.
+    if name == "LLM":
+        from minillm.llm import LLM
+        return LLM
+    raise AttributeError(f"module 'minillm' has no attribute {name!r}")

@@ -16,6 +16,14 @@ from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, make_generator
 
 
+def eos_token_ids(tokenizer, cfg) -> set[int]:
+    """Tokens that end a sequence: the tokenizer's stop tokens, else the config's eos id(s)."""
+    if tokenizer is not None:
+        return set(tokenizer.stop_token_ids)
+    eos = cfg.eos_token_id
+    return {eos} if isinstance(eos, int) else set(eos or [])
+
+
 @dataclass
 class StreamEvent:
     token_id: int
@@ -39,7 +47,7 @@ class SimpleGenerator:
         self.max_model_len = max_model_len or model.cfg.max_position_embeddings
         self.backend = TorchAttentionBackend()
         self.sampler = Sampler()
-        self.eos_ids = set(tokenizer.stop_token_ids) if tokenizer is not None else set()
+        self.eos_ids = eos_token_ids(tokenizer, model.cfg)
         self.last_timing: dict[str, float] = {}
 
     def forward_logits(self, cache: ContiguousKVCache, ids: list[int], start: int) -> torch.Tensor:
@@ -81,10 +89,8 @@ class SimpleGenerator:
         ts = TextStream(self.tokenizer, params, self.eos_ids)
         for tok in self.stream_ids(prompt_ids, params):
             delta = ts.add(tok)
-            if not ts.finished and len(prompt_ids) + len(ts.token_ids) >= self.max_model_len:
-                ts.finish_reason = "length"
-                delta += ts.text[ts.emitted:]
-                ts.emitted = len(ts.text)
+            if len(prompt_ids) + len(ts.token_ids) >= self.max_model_len:
+                delta += ts.finish("length")
             yield StreamEvent(tok, delta, ts.finish_reason)
             if ts.finished:
                 return

@@ -8,9 +8,11 @@ from minillm.sampling.params import SamplingParams
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, eos_token_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, params: SamplingParams, eos_token_ids: set[int]) -> None:
         self.params = params
-        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
+        # Token-id-only engines (tests with tiny random models) have no tokenizer and produce no text.
+        self.detok = (IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
+                      if tokenizer is not None else None)
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.token_ids: list[int] = []
@@ -27,7 +29,7 @@ class TextStream:
         self.token_ids.append(token_id)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"
-        else:
+        elif self.detok is not None:
             self.detok.add(token_id)
             self.text = self.detok.text
             for s in self.params.stop:
@@ -38,6 +40,19 @@ class TextStream:
                     break
         if not self.finished and len(self.token_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
+        return self._flush()
+
+    def finish(self, reason: str) -> str:
+        """End the stream from outside (e.g. the context window is full); returns the held-back text."""
+        if not self.finished:
+            self.finish_reason = reason
+        return self._flush()
+
+    @property
+    def visible_text(self) -> str:
+        return self.text[:self.emitted]
+
+    def _flush(self) -> str:
         safe = len(self.text) if self.finished else max(self.emitted, len(self.text) - self.holdback)
         delta, self.emitted = self.text[self.emitted:safe], safe
         return delta

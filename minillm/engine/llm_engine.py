@@ -1,0 +1,207 @@
+"""LLMEngine: the step loop. add_request -> step() ... -> outputs; abort at any time.
+
+One step = schedule -> copy-on-write block copies -> one forward pass over every scheduled token ->
+sample the sequences whose computed tokens reached their end -> detokenize, check stops, free the finished.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Sequence as Seq
+
+from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.outputs import CompletionOutput, RequestOutput
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine.simple import eos_token_ids
+from minillm.engine.stream import TextStream
+from minillm.kv.block_manager import BlockManager
+from minillm.kv.cache import KVCache
+from minillm.layers.attention import get_attention_backend
+from minillm.models.llama import LlamaModel
+from minillm.sampling.params import SamplingParams
+from minillm.sampling.sampler import Sampler, make_generator
+
+
+def parse_bytes(x: int | float | str) -> int:
+    """512MiB, 1GiB, 2e9, 1073741824 -> bytes."""
+    if isinstance(x, (int, float)):
+        return int(x)
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    s = x.strip().lower().replace(" ", "")
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(float(s))
+
+
+class LLMEngine:
+    def __init__(self, model: LlamaModel, tokenizer, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.model, self.tokenizer = model, tokenizer
+        cfg, cc = model.cfg, self.config.cache
+        per_block = KVCache.bytes_per_block(cfg, cc.block_size, model.dtype)
+        num_blocks = cc.num_blocks or parse_bytes(cc.kv_cache_memory_bytes) // per_block
+        if num_blocks < 1:
+            raise ValueError(f"the KV budget {cc.kv_cache_memory_bytes} bytes holds no block of {per_block} bytes: "
+                             "raise kv_cache_memory_bytes")
+        self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.kv_cache = KVCache(cfg, num_blocks, cc.block_size, dtype=model.dtype)
+        self.backend = get_attention_backend(self.config.attention_backend)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, self.backend)
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
+        self.sampler = Sampler()
+        # A sequence may never outgrow the context window, nor the whole pool (else it could not run even alone).
+        self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
+                                 num_blocks * cc.block_size)
+        self.eos_ids = eos_token_ids(tokenizer, cfg)
+        self.requests: dict[str, list[Sequence]] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    @classmethod
+    def from_model(cls, model: LlamaModel, tokenizer=None, *, block_size: int = 16, num_blocks: int | None = None,
+                   kv_cache_memory_bytes: int | str = 256 * 2**20, max_num_seqs: int = 32,
+                   max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
+                   enable_chunked_prefill: bool = True, attention_backend: str = "auto",
+                   max_model_len: int | None = None) -> "LLMEngine":
+        cfg = EngineConfig(
+            max_model_len=max_model_len, attention_backend=attention_backend,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                              enable_prefix_caching=enable_prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      enable_chunked_prefill=enable_chunked_prefill))
+        return cls(model, tokenizer, cfg)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request. Everything is validated here, before any KV block is allocated."""
+        params = params or SamplingParams()
+        params.validate()
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self._encode(prompt)
+        self._check_prompt(ids)
+        seq = Sequence(request_id, ids, params, TextStream(self.tokenizer, params, self.eos_ids),
+                       make_generator(params.seed), arrival_time)
+        self.requests[request_id] = [seq]
+        self.scheduler.add(seq)
+        return request_id
+
+    def _encode(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass token ids instead of text")
+            return self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})")
+        return ids
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        n, pool = len(ids), self.block_manager.num_blocks * self.block_manager.block_size
+        if n == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        if n >= self.max_model_len:
+            limit = "KV pool" if self.max_model_len == pool else "context window"
+            raise ValueError(f"the prompt has {n} tokens but the {limit} holds {self.max_model_len} "
+                             f"(model context {self.model.cfg.max_position_embeddings}, KV pool {pool} tokens): "
+                             "shorten the prompt or give the engine a larger KV budget")
+        sc = self.config.scheduler
+        if not sc.enable_chunked_prefill and n > sc.max_num_batched_tokens:
+            raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="
+                             f"{sc.max_num_batched_tokens}, and chunked prefill is off: enable it or raise the budget")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free all its blocks at once. Unknown ids are ignored."""
+        self.scheduler.abort(str(request_id))
+        self.requests.pop(str(request_id), None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if self.scheduler.running or self.scheduler.waiting:
+                raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next request")
+            return []
+        self.num_steps += 1
+        seqs, logits = self.runner.execute(sched.scheduled, sched.block_copies)
+        now = time.perf_counter()
+        for seq, n in sched.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.commit_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+        rows, row_seqs = [], []
+        for i, seq in enumerate(seqs):
+            rows.append(i)
+            row_seqs.append(seq)
+            for k in range(1, seq.pending_forks + 1):   # n > 1: children share the prompt's blocks
+                rows.append(i)
+                row_seqs.append(self._fork(seq, k))
+            seq.pending_forks = 0
+        tokens = self.sampler(logits[rows], [s.params for s in row_seqs], [s.generator for s in row_seqs])
+        deltas: dict[int, tuple[str, int]] = {}
+        for seq, tok in zip(row_seqs, tokens):
+            deltas[seq.seq_id] = (self._append_token(seq, tok, now), tok)
+        return [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in row_seqs)]
+
+    def _fork(self, parent: Sequence, k: int) -> Sequence:
+        p = parent.params
+        child = Sequence(parent.request_id, parent.prompt_token_ids, p, TextStream(self.tokenizer, p, self.eos_ids),
+                         make_generator(None if p.seed is None else p.seed + k), parent.metrics.arrival_time, index=k)
+        child.token_ids = list(parent.token_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+        child.metrics.num_cached_tokens = parent.metrics.num_cached_tokens
+        child.status = SequenceStatus.RUNNING
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        self.scheduler.running.append(child)
+        self.requests[parent.request_id].append(child)
+        return child
+
+    def _append_token(self, seq: Sequence, tok: int, now: float) -> str:
+        seq.token_ids.append(tok)
+        m = seq.metrics
+        if m.first_token_time is None:
+            m.first_token_time = now
+        m.token_times.append(now)
+        delta = seq.text.add(tok)
+        if not seq.text.finished and seq.num_tokens >= self.max_model_len:
+            delta += seq.text.finish("length")
+        if seq.text.finished:
+            m.finished_time = now
+            self.scheduler.finish(seq)
+        return delta
+
+    def _output(self, request_id: str, deltas: dict[int, tuple[str, int]]) -> RequestOutput:
+        seqs = sorted(self.requests[request_id], key=lambda s: s.index)
+        outs = [CompletionOutput(s.index, s.text.visible_text, s.output_token_ids, s.text.finish_reason)
+                for s in seqs]
+        finished = all(s.is_finished for s in seqs) and len(seqs) == seqs[0].params.n
+        if finished:
+            del self.requests[request_id]
+        first = seqs[0]
+        delta_text, tok = deltas.get(first.seq_id, ("", None))
+        return RequestOutput(request_id, first.prompt_token_ids, outs, finished, first.metrics,
+                             delta_text=delta_text, delta_token_ids=[] if tok is None else [tok])
+
+    # ------------------------------------------------------------------ introspection
+    def kv_usage(self) -> dict:
+        u = self.block_manager.usage()
+        u["tokens_capacity"] = self.block_manager.num_blocks * self.block_manager.block_size
+        u["bytes_capacity"] = self.kv_cache.nbytes
+        u["prefix_cache"] = self.block_manager.stats
+        return u
+
+    def block_tables(self) -> dict[str, list[list[int]]]:
+        """request id -> block table of each of its running sequences."""
+        return {rid: [self.block_manager.block_table(s.seq_id) for s in seqs if self.block_manager.has_seq(s.seq_id)]
+                for rid, seqs in self.requests.items()}

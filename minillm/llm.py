@@ -1,0 +1,86 @@
+"""The offline API: `LLM(...).generate(prompts, SamplingParams(...))`, continuous batching underneath."""
+from __future__ import annotations
+
+import time
+from typing import Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.outputs import RequestOutput
+from minillm.engine.prompt import build_prompt_ids
+from minillm.loading.loader import load_model
+from minillm.sampling.params import SamplingParams
+
+
+class LLM:
+    """Load a model and serve batches of prompts from one paged KV pool.
+
+    kv_cache_memory: the KV pool's budget ("1GiB", "512MiB" or bytes); the pool holds as many blocks as fit.
+    """
+
+    def __init__(self, model: str = "default", *, dtype: str = "float32", max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_memory: int | str = "1GiB",
+                 num_blocks: int | None = None, enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, attention_backend: str = "auto",
+                 max_model_len: int | None = None) -> None:
+        loaded = load_model(model, dtype)
+        config = EngineConfig(
+            model=model, dtype=dtype, max_model_len=max_model_len, attention_backend=attention_backend,
+            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory,
+                              enable_prefix_caching=enable_prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      enable_chunked_prefill=enable_chunked_prefill))
+        self.loaded = loaded
+        self.engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True, chat: bool = False) -> list[RequestOutput]:
+        """Raw text (or token ids) in, RequestOutputs out, in the prompts' order. chat=True applies the chat template."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if chat:
+            prompts = [build_prompt_ids(self.tokenizer, p, chat=True) for p in prompts]
+        return self._run(list(prompts), sampling_params, use_tqdm)
+
+    def chat(self, conversations: Seq[list[dict]] | list[dict], sampling_params=None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """Each conversation is a list of {"role", "content"} messages; the model's chat template is applied."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [build_prompt_ids(self.tokenizer, list(c)) for c in conversations]
+        return self._run(prompts, sampling_params, use_tqdm)
+
+    def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        for p in params:
+            p.validate()
+        engine = self.engine
+        ids = []
+        try:
+            for prompt, p in zip(prompts, params):
+                ids.append(engine.add_request(prompt, p))
+        except ValueError:
+            for rid in ids:  # all or nothing: a bad prompt rejects the batch without leaving work queued
+                engine.abort(rid)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        t0, out_tokens = time.perf_counter(), 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                out_tokens += len(out.delta_token_ids)
+                if out.finished:
+                    results[out.request_id] = out
+                    bar.update(1)
+            bar.set_postfix(out_tok_s=f"{out_tokens / max(time.perf_counter() - t0, 1e-9):.0f}",
+                            running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting), refresh=False)
+        bar.close()
+        return [results[rid] for rid in ids]
