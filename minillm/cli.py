@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="workload seed")
     b.add_argument("--plot", default=None, metavar="PNG", help="throughput: write a plot to this PNG file")
     b.add_argument("--max-num-seqs", type=int, default=64, help="throughput: minillm's max concurrent sequences")
+    b.add_argument("--block-size", type=int, default=16, help="throughput/kv/prefix: KV block size in tokens")
+    b.add_argument("--kv-budget-tokens", type=int, default=16384, help="kv: the fixed KV budget, in tokens")
+    b.add_argument("--max-model-len", type=int, default=2048,
+                   help="kv: tokens a contiguous cache reserves per sequence (its max length)")
     b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
                    help="throughput: transformers static batch sizes to try (best is reported)")
     b.set_defaults(func=cmd_bench)

@@ -29,6 +29,7 @@ class TextStream:
         self.token_ids.append(token_id)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"
+            self._drain()
         elif self.detok is not None:
             self.detok.add(token_id)
             self.text = self.detok.text
@@ -40,12 +41,20 @@ class TextStream:
                     break
         if not self.finished and len(self.token_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
+            self._drain()
         return self._flush()
+
+    def _drain(self) -> None:
+        # The detokenizer holds back an incomplete trailing character; at the end it is all there is.
+        if self.detok is not None:
+            self.detok.finish()
+            self.text = self.detok.text
 
     def finish(self, reason: str) -> str:
         """End the stream from outside (e.g. the context window is full); returns the held-back text."""
         if not self.finished:
             self.finish_reason = reason
+            self._drain()
         return self._flush()
 
     @property

@@ -1,0 +1,82 @@
+"""`minillm bench throughput | kv | prefix` (decode lives in cli.py next to the loader)."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from minillm.bench.workload import WorkloadSpec, make_workload
+
+
+def run(args) -> int:
+    from minillm.loading.loader import load_model
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, args.dtype)
+    spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed)
+    if args.what == "throughput":
+        result = throughput(loaded, spec, args)
+        if args.plot:
+            from minillm.bench.throughput import throughput_plot
+            throughput_plot(result, args.plot)
+        print(json.dumps(result) if args.json else format_throughput(result, args.plot))
+    elif args.what == "kv":
+        from minillm.bench.kv import kv_bench
+        workload = make_workload(loaded.tokenizer, spec)
+        result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
+                          max_model_len=args.max_model_len,
+                          bytes_per_token=loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize))
+        result["workload"] = spec.as_dict()
+        print(json.dumps(result) if args.json else format_kv(result))
+    else:
+        from minillm.bench.prefix import prefix_bench
+        result = prefix_bench(loaded.model, loaded.tokenizer, block_size=args.block_size)
+        print(json.dumps(result) if args.json else "\n".join(f"{k:34s} {v}" for k, v in result.items()))
+    return 0
+
+
+def throughput(loaded, spec: WorkloadSpec, args) -> dict:
+    from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
+    workload = make_workload(loaded.tokenizer, spec)
+    progress = not args.json
+    mini = run_minillm(loaded.model, loaded.tokenizer, workload, max_num_seqs=args.max_num_seqs,
+                       block_size=args.block_size, progress=progress)
+    hf = load_hf_peer(loaded.path, loaded.model.dtype)
+    pad = loaded.tokenizer.eos_token_id or 0
+    by_bs = {}
+    for bs in args.baseline_batch_sizes:
+        by_bs[bs] = round(run_transformers_static(hf, workload, bs, pad, progress=progress).tok_s, 2)
+    best_bs = max(by_bs, key=by_bs.get)
+    return {
+        "minillm_tok_s": round(mini.tok_s, 2), "baseline_tok_s": by_bs[best_bs],
+        "ratio": round(mini.tok_s / by_bs[best_bs], 3), "baseline_best_batch_size": best_bs,
+        "baseline_by_batch_size": by_bs, "minillm": mini.summary(), "dtype": str(loaded.model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "model": loaded.path.name, "workload": spec.as_dict(),
+        "settings": {"max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
+                     "max_num_batched_tokens": 2048, "greedy": True, "ignore_eos": True},
+    }
+
+
+def format_throughput(r: dict, plot: str | None) -> str:
+    m = r["minillm"]
+    lines = [f"workload: {r['workload']['num_requests']} chat requests, seed {r['workload']['seed']}, "
+             f"{r['dtype']}, {r['threads']} threads",
+             f"minillm (continuous batching) : {r['minillm_tok_s']:8.1f} output tok/s",
+             *[f"transformers static bs={bs:<3d}  : {v:8.1f} output tok/s" for bs, v in r["baseline_by_batch_size"].items()],
+             f"ratio vs best static ({r['baseline_best_batch_size']})  : {r['ratio']:8.2f}x",
+             f"minillm TTFT p50/p99 {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s, "
+             f"TPOT p50/p99 {1000 * m['tpot_p50_s']:.0f}/{1000 * m['tpot_p99_s']:.0f} ms, "
+             f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions"]
+    if plot:
+        lines.append(f"plot written to {plot}")
+    return "\n".join(lines)
+
+
+def format_kv(r: dict) -> str:
+    return "\n".join([
+        f"KV budget {r['budget_tokens']} tokens ({r['budget_bytes'] / 2**20:.0f} MiB), block {r['block_size']}, "
+        f"contiguous reservation {r['max_model_len']} tokens/sequence",
+        f"reserved but unused: paged {100 * r['paged_waste_frac']:.1f}%   contiguous {100 * r['contiguous_waste_frac']:.1f}%",
+        f"max concurrent sequences: paged {r['paged_max_concurrency']}   contiguous {r['contiguous_max_concurrency']}"
+        f"   ratio {r['concurrency_ratio']:.1f}x",
+    ])

@@ -1,0 +1,143 @@
+"""`minillm bench throughput`: continuous batching (minillm) vs padded static batches (transformers.generate).
+
+Same weights, same dtype, greedy, EOS ignored so every request produces exactly its drawn number of tokens.
+Static batching pays twice: prompts are left-padded to the longest in the batch, and every row keeps
+decoding until the longest output in its batch is done. Only the requested tokens count as output."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from minillm.bench.workload import Request
+from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.sampling.params import SamplingParams
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+@dataclass
+class EngineRun:
+    output_tokens: int
+    elapsed_s: float
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    peak_running: int = 0
+    peak_kv_blocks: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    def summary(self) -> dict:
+        return {"output_tokens": self.output_tokens, "elapsed_s": round(self.elapsed_s, 3),
+                "tok_s": round(self.tok_s, 2), "ttft_p50_s": percentile(self.ttft_s, 50),
+                "ttft_p99_s": percentile(self.ttft_s, 99), "tpot_p50_s": percentile(self.tpot_s, 50),
+                "tpot_p99_s": percentile(self.tpot_s, 99), "peak_running": self.peak_running,
+                "peak_kv_blocks": self.peak_kv_blocks, "num_preemptions": self.num_preemptions,
+                "num_steps": self.num_steps}
+
+
+def run_minillm(model, tokenizer, workload: list[Request], *, max_num_seqs: int = 64,
+                max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_memory: str | int = "2GiB",
+                enable_prefix_caching: bool = True, progress: bool = True) -> EngineRun:
+    config = EngineConfig(cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes=kv_cache_memory,
+                                            enable_prefix_caching=enable_prefix_caching),
+                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                    max_num_batched_tokens=max_num_batched_tokens))
+    engine = LLMEngine(model, tokenizer, config)
+    _warm_up(engine)
+    t0 = time.perf_counter()
+    for r in workload:
+        engine.add_request(r.prompt_token_ids, SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
+                           arrival_time=t0)
+    run = EngineRun(0, 0.0)
+    bar = tqdm(total=len(workload), desc="minillm", unit="req", disable=not progress, leave=False)
+    bm = engine.block_manager
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            run.output_tokens += len(out.delta_token_ids)
+            if out.finished:
+                bar.update(1)
+                run.ttft_s.append(out.metrics.ttft)
+                if out.metrics.tpot is not None:
+                    run.tpot_s.append(out.metrics.tpot)
+                run.num_preemptions += out.metrics.num_preemptions
+        run.peak_running = max(run.peak_running, len(engine.scheduler.running))
+        run.peak_kv_blocks = max(run.peak_kv_blocks, bm.num_used_blocks)
+    bar.close()
+    run.elapsed_s = time.perf_counter() - t0
+    run.num_steps = engine.num_steps
+    return run
+
+
+def _warm_up(engine: LLMEngine) -> None:
+    engine.add_request([5] * 40, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.block_manager.reset_prefix_cache()
+    engine.num_steps = 0
+
+
+def load_hf_peer(path, dtype: torch.dtype):
+    """transformers' own model on the same checkpoint (a GGUF file or a Hugging Face directory)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+    path = Path(path)
+    if path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+
+
+@torch.inference_mode()
+def run_transformers_static(hf_model, workload: list[Request], batch_size: int, pad_token_id: int,
+                            progress: bool = True) -> EngineRun:
+    """Arrival-order static batches: left-pad prompts, decode until the batch's longest output is done."""
+    hf_model.generate(torch.tensor([[5] * 8]), max_new_tokens=2, do_sample=False, pad_token_id=pad_token_id)  # warm-up
+    run = EngineRun(0, 0.0)
+    t0 = time.perf_counter()
+    batches = [workload[i:i + batch_size] for i in range(0, len(workload), batch_size)]
+    for batch in tqdm(batches, desc=f"transformers bs={batch_size}", disable=not progress, leave=False):
+        width = max(len(r.prompt_token_ids) for r in batch)
+        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(batch):
+            ids[i, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
+            mask[i, width - len(r.prompt_token_ids):] = 1
+        new = max(r.max_tokens for r in batch)
+        hf_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=pad_token_id)
+        run.output_tokens += sum(r.max_tokens for r in batch)   # only what was asked for counts
+    run.elapsed_s = time.perf_counter() - t0
+    return run
+
+
+def throughput_plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = ["minillm\n(continuous)"] + [f"transformers\nstatic bs={b}" for b in result["baseline_by_batch_size"]]
+    values = [result["minillm_tok_s"]] + list(result["baseline_by_batch_size"].values())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = ax.bar(names, values, color=["tab:green"] + ["tab:gray"] * (len(values) - 1))
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("output tokens / s")
+    w = result["workload"]
+    ax.set_title(f"{w['num_requests']} requests, prompts {w['min_prompt']}-{w['max_prompt']}, "
+                 f"outputs {w['min_output']}-{w['max_output']} ({result['dtype']}); ratio {result['ratio']:.2f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""Attention kernels: the torch reference and the Triton PagedAttention decode kernel."""

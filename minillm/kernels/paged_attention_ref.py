@@ -1,0 +1,38 @@
+"""Plain-torch reference for PagedAttention decode (the test oracle).
+
+Same signature as :func:`minillm.kernels.triton_paged_attention.paged_attention_decode_triton`.
+It is deliberately slow and simple: one sequence at a time, gather that sequence's
+K/V rows through its block table, expand KV heads for GQA, softmax in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def paged_attention_decode_ref(
+    q: torch.Tensor,  # [S, H, D], one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    block_tables: torch.Tensor,  # int [S, max_blocks_per_seq]
+    seq_lens: torch.Tensor,  # int [S], KV tokens per sequence (incl. the current one)
+    scale: float,
+) -> torch.Tensor:
+    S, H, D = q.shape
+    block_size, KVH = k_cache.shape[1], k_cache.shape[2]
+    group = H // KVH
+    out = torch.zeros_like(q)
+    for s in range(S):
+        n = int(seq_lens[s])
+        if n == 0:
+            continue
+        n_blocks = (n + block_size - 1) // block_size
+        blocks = block_tables[s, :n_blocks].long()
+        k = k_cache[blocks].reshape(-1, KVH, D)[:n].float()  # [n, KVH, D]
+        v = v_cache[blocks].reshape(-1, KVH, D)[:n].float()
+        k = k.repeat_interleave(group, dim=1)  # [n, H, D]: head h uses kv head h // group
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [H, n]
+        probs = torch.softmax(scores, dim=-1)
+        out[s] = torch.einsum("hn,nhd->hd", probs, v).to(q.dtype)
+    return out

@@ -1,0 +1,90 @@
+"""The command line, as a user runs it."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minillm.cli import build_parser, main
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "minillm", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+@pytest.mark.slow
+def test_generate_france_answers_paris():
+    r = run_cli("generate", "What is the capital of France?", "--max-tokens", "32", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+@pytest.mark.slow
+def test_generate_raw_text_sampling_is_seeded():
+    args = ("generate", "Once upon a time", "--no-chat", "--temperature", "0.8", "--top-p", "0.95", "--seed", "1",
+            "--max-tokens", "12")
+    a, b = run_cli(*args), run_cli(*args)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.strip()
+
+
+@pytest.mark.slow
+def test_chat_is_interactive_multi_turn():
+    p = subprocess.run([sys.executable, "-m", "minillm", "chat", "--temperature", "0", "--max-tokens", "16"],
+                       input="What is the capital of France?\n/reset\nAnd of Italy?\n/quit\n", capture_output=True,
+                       text=True, timeout=300, env=ENV)
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout and "conversation cleared" in p.stdout and p.stdout.count("assistant>") == 2
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "demo"])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model" in out and "usage" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["generate", "hi", "--model", "/no/such/model.gguf"], "does not exist"),
+    (["generate", "hi", "--max-tokens", "0"], "max_tokens"),
+    (["generate", "hi", "--top-p", "1.5"], "top_p"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+])
+def test_bad_input_is_a_clear_error(args, words, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and words in err and "Traceback" not in err
+
+
+def test_corrupt_and_truncated_gguf(tmp_path, capsys):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + os.urandom(64))
+    assert main(["generate", "hi", "--model", str(junk)]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_truncated_default_model(tmp_path, default_model_path, capsys):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(default_model_path.read_bytes()[: 5_000_000])
+    assert main(["generate", "hi", "--model", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated" in err or "corrupt" in err
+
+
+def test_unsupported_architecture(tmp_path, capsys):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
+    assert "unsupported architecture" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context(capsys):
+    assert main(["generate", "word " * 9000, "--no-chat"]) == 2
+    assert "context window" in capsys.readouterr().err
