@@ -3,6 +3,7 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.installed
+HOST_PYTHON := $(shell command -v python3)
 export TRITON_INTERPRET ?= 1
 export HF_HUB_OFFLINE := 1
 # nbgrader shells out to tools (alembic) that live in the venv.
@@ -15,7 +16,7 @@ setup: $(STAMP)
 
 # torch==2.13.0 (the local CPU wheel) goes in first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
+	$(HOST_PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
@@ -35,7 +36,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/minillm bench decode
 
-include mk/course.mk
+-include mk/course.mk
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
