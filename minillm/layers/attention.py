@@ -29,7 +29,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor          # [S, max_blocks] int64 (padded with 0)
     block_size: int
     query_start: list[int] = field(init=False)
-    _decode: tuple | None = field(default=None, init=False, repr=False)
+    _slots: dict | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         starts = [0]
@@ -42,25 +42,13 @@ class AttentionMetadata:
         return len(self.query_lens)
 
     def context_slots(self, i: int) -> torch.Tensor:
-        """Flat slots of positions 0..seq_lens[i]-1 of sequence i."""
-        pos = torch.arange(self.seq_lens[i], device=self.block_tables.device)
-        return self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def decode_view(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """(indices of decode sequences, their context slots [Sd, Lmax], validity mask [Sd, Lmax]); cached per step."""
-        if self._decode is None:
-            idx = [i for i, n in enumerate(self.query_lens) if n == 1]
-            if idx:
-                lens = torch.tensor([self.seq_lens[i] for i in idx], device=self.block_tables.device)
-                lmax = int(lens.max())
-                pos = torch.arange(lmax, device=lens.device)
-                tables = self.block_tables[idx][:, : (lmax + self.block_size - 1) // self.block_size]
-                slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
-                mask = pos[None, :] < lens[:, None]
-                self._decode = (idx, slots, mask)
-            else:
-                self._decode = (idx, None, None)
-        return self._decode
+        """Flat slots of positions 0..seq_lens[i]-1 of sequence i (computed once per step, shared by layers)."""
+        if self._slots is None:
+            self._slots = {}
+        if i not in self._slots:
+            pos = torch.arange(self.seq_lens[i], device=self.block_tables.device)
+            self._slots[i] = self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
+        return self._slots[i]
 
 
 AttendFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -82,10 +70,30 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     return out[0].transpose(0, 1)
 
 
-class TorchAttentionBackend:
-    """Reference backend in plain torch: gathers K/V through the block tables.
+def gqa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Like causal_attend, with K/V head-major: q [n, H, D]; k, v [KVH, L, D]. Returns [n, H, D]."""
+    n, h, d = q.shape
+    kvh, L = k.shape[0], k.shape[1]
+    if n > 1:  # prefill chunk: torch's fused (flash) attention, which takes this layout as is
+        qh = q.transpose(0, 1)[None]
+        if n == L:
+            o = F.scaled_dot_product_attention(qh, k[None], v[None], is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            mask = torch.arange(L, device=q.device)[None, :] <= (L - n + torch.arange(n, device=q.device))[:, None]
+            o = F.scaled_dot_product_attention(qh, k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
+    # decode: the group's queries share one kv head, so GQA needs no repeated K/V: [KVH, G, D] @ [KVH, D, L]
+    g = h // kvh
+    scores = torch.matmul(q.view(kvh, g, d), k.transpose(1, 2)).mul_(scale)
+    probs = scores.float().softmax(-1).to(v.dtype)
+    return torch.matmul(probs, v).view(1, h, d)
 
-    `attend_fn` lets a lab swap in the learner's attention (it is then used for every sequence, one at a time)."""
+
+class TorchAttentionBackend:
+    """Reference backend in plain torch: gathers each sequence's K/V through its block table.
+
+    One sequence at a time, so there is no padding to the longest sequence (on CPU the gather is the cost).
+    `attend_fn` lets a lab swap in the learner's attention with causal_attend's signature."""
 
     name = "torch"
 
@@ -93,47 +101,35 @@ class TorchAttentionBackend:
         self.attend_fn = attend_fn
 
     @staticmethod
-    def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def write_kv(k: torch.Tensor, v: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        kvh, d = k.shape[1], k.shape[2]
-        k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, k)
-        v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v)
+        k_slots.index_copy_(1, slot_mapping, k.transpose(0, 1))
+        v_slots.index_copy_(1, slot_mapping, v.transpose(0, 1))
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, cache: KVCache, scale: float) -> torch.Tensor:
-        k_cache, v_cache = cache.layer(layer)
-        self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        k_slots, v_slots = cache.layer_slots(layer)
+        self.write_kv(k, v, k_slots, v_slots, meta.slot_mapping)
         out = torch.empty_like(q)
-        decode_idx: list[int] = []
-        if self.attend_fn is None:
-            decode_idx = meta.decode_view()[0]
-            if decode_idx:
-                self._decode(q, out, meta, k_cache, v_cache, scale)
-        done = set(decode_idx)
-        kflat, vflat = k_cache.view(-1, *k.shape[1:]), v_cache.view(-1, *v.shape[1:])
-        attend = self.attend_fn or causal_attend
+        decode_rows = self._decode(q, out, meta, cache, layer, scale)
         for i in range(meta.num_seqs):
-            if i in done:
-                continue
             a, b = meta.query_start[i], meta.query_start[i + 1]
+            if a in decode_rows:
+                continue
             if meta.seq_lens[i] == b - a:  # nothing cached before this chunk: use the fresh K/V directly
-                ki, vi = k[a:b], v[a:b]
+                ki, vi = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
             else:
                 slots = meta.context_slots(i)
-                ki, vi = kflat[slots], vflat[slots]
-            out[a:b] = attend(q[a:b], ki, vi, scale)
+                ki, vi = k_slots[:, slots], v_slots[:, slots]
+            if self.attend_fn is not None:
+                out[a:b] = self.attend_fn(q[a:b], ki.transpose(0, 1), vi.transpose(0, 1), scale)
+            else:
+                out[a:b] = gqa_attend(q[a:b], ki, vi, scale)
         return out
 
-    def _decode(self, q, out, meta, k_cache, v_cache, scale) -> None:
-        idx, slots, mask = meta.decode_view()
-        rows = torch.tensor([meta.query_start[i] for i in idx], device=q.device)
-        kvh, d = k_cache.shape[-2], k_cache.shape[-1]
-        keys = k_cache.view(-1, kvh, d)[slots].transpose(1, 2)      # [Sd, KVH, L, D]
-        vals = v_cache.view(-1, kvh, d)[slots].transpose(1, 2)
-        qd = q[rows][:, :, None, :]                                   # [Sd, H, 1, D]
-        o = F.scaled_dot_product_attention(qd, keys, vals, attn_mask=mask[:, None, None, :],
-                                           scale=scale, enable_gqa=True)
-        out[rows] = o[:, :, 0, :]
+    def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
+        """Hook for backends with a dedicated decode kernel: fill out[] for decode rows, return those rows."""
+        return set()
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -141,13 +137,17 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     name = "triton"
 
-    def _decode(self, q, out, meta, k_cache, v_cache, scale) -> None:
+    def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
         from minillm.kernels.triton_paged_attention import paged_attention_decode_triton
-        idx = meta.decode_view()[0]
-        rows = torch.tensor([meta.query_start[i] for i in idx], device=q.device)
-        tables = meta.block_tables[idx].to(torch.int32).contiguous()
+        idx = [i for i, n in enumerate(meta.query_lens) if n == 1]
+        if not idx:
+            return set()
+        rows = [meta.query_start[i] for i in idx]
+        tables = meta.block_tables[idx].to(torch.int32)
         lens = torch.tensor([meta.seq_lens[i] for i in idx], dtype=torch.int32, device=q.device)
-        out[rows] = paged_attention_decode_triton(q[rows].contiguous(), k_cache, v_cache, tables, lens, scale)
+        k_cache, v_cache = cache.layer(layer)
+        out[rows] = paged_attention_decode_triton(q[rows], k_cache, v_cache, tables, lens, scale)
+        return set(rows)
 
 
 def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
