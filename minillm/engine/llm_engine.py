@@ -193,6 +193,26 @@ class LLMEngine:
         return RequestOutput(request_id, first.prompt_token_ids, outs, finished, first.metrics,
                              delta_text=delta_text, delta_token_ids=[] if tok is None else [tok])
 
+    # ------------------------------------------------------------------ swapping parts (labs, experiments)
+    def plug(self, *, block_manager: BlockManager | None = None, scheduler: Scheduler | None = None,
+             backend=None) -> None:
+        """Replace a component with another implementation of the same interface (e.g. a learner's).
+
+        Only while idle: the KV pool's contents are owned by the block manager that wrote them."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("plug() needs an idle engine: finish or abort the running requests first")
+        if block_manager is not None:
+            if (block_manager.num_blocks, block_manager.block_size) != (self.kv_cache.num_blocks, self.kv_cache.block_size):
+                raise ValueError(f"the block manager must manage the pool's {self.kv_cache.num_blocks} blocks of "
+                                 f"{self.kv_cache.block_size} tokens")
+            self.block_manager = self.runner.block_manager = block_manager
+            self.scheduler.block_manager = block_manager
+        if scheduler is not None:
+            scheduler.block_manager = self.block_manager
+            self.scheduler = scheduler
+        if backend is not None:
+            self.backend = self.runner.backend = backend
+
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict:
         u = self.block_manager.usage()

@@ -137,8 +137,14 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     name = "triton"
 
+    def __init__(self, decode_fn: Callable | None = None) -> None:
+        """decode_fn: anything with paged_attention_decode_triton's signature (e.g. a learner's kernel wrapper)."""
+        super().__init__()
+        self.decode_fn = decode_fn
+
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
         from minillm.kernels.triton_paged_attention import paged_attention_decode_triton
+        decode = self.decode_fn or paged_attention_decode_triton
         idx = [i for i, n in enumerate(meta.query_lens) if n == 1]
         if not idx:
             return set()
@@ -146,7 +152,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         tables = meta.block_tables[idx].to(torch.int32)
         lens = torch.tensor([meta.seq_lens[i] for i in idx], dtype=torch.int32, device=q.device)
         k_cache, v_cache = cache.layer(layer)
-        out[rows] = paged_attention_decode_triton(q[rows], k_cache, v_cache, tables, lens, scale)
+        out[rows] = decode(q[rows], k_cache, v_cache, tables, lens, scale)
         return set(rows)
 
 
