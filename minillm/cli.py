@@ -124,7 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(c, max_tokens=256)
     c.set_defaults(func=cmd_chat)
 
-    b = sub.add_parser("bench", help="benchmarks: decode roofline, throughput vs transformers, KV waste")
+    b = sub.add_parser(
+        "bench", help="benchmarks: decode roofline, throughput vs transformers, KV waste, prefix-cache TTFT",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  minillm bench decode                       # ~1 min\n"
+               "  minillm bench throughput --plot tp.png     # 64 requests; all four static batch sizes: ~15 min\n"
+               "  minillm bench throughput --num-requests 16 --baseline-batch-sizes 8 16   # a quicker look\n"
+               "  minillm bench kv --json                    # memory accounting only: seconds\n"
+               "  minillm bench prefix                       # ~1 min\n" + EPILOG_MODEL)
     b.add_argument("what", choices=["decode", "throughput", "kv", "prefix"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
@@ -132,10 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefix: TTFT with and without prefix caching")
     _add_model_args(b)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    b.add_argument("--prompt-lens", type=int, nargs="+", default=[128, 512], help="decode: prefill prompt lengths")
+    b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
+                   help="decode: prompt lengths to time prefill at")
     b.add_argument("--steps", type=int, default=64, help="decode: tokens to time")
     b.add_argument("--num-requests", type=int, default=64, help="throughput/kv: requests in the workload")
     b.add_argument("--seed", type=int, default=0, help="workload seed")
+    b.add_argument("--prompt-lens", dest="prompt_range", type=int, nargs=2, default=[32, 512], metavar=("MIN", "MAX"),
+                   help="throughput/kv: prompt lengths are drawn uniformly from [MIN, MAX] tokens")
+    b.add_argument("--output-lens", dest="output_range", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"),
+                   help="throughput/kv: output lengths are drawn uniformly from [MIN, MAX] tokens")
     b.add_argument("--plot", default=None, metavar="PNG", help="throughput: write a plot to this PNG file")
     b.add_argument("--max-num-seqs", type=int, default=64, help="throughput: minillm's max concurrent sequences")
     b.add_argument("--block-size", type=int, default=16, help="throughput/kv/prefix: KV block size in tokens")

@@ -13,7 +13,10 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, args.dtype)
-    spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed)
+    spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
+                        max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
+    if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):
+        raise ValueError("--prompt-lens and --output-lens take MIN MAX with 0 < MIN <= MAX")
     if args.what == "throughput":
         result = throughput(loaded, spec, args)
         if args.plot:

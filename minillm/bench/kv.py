@@ -31,6 +31,10 @@ class KVReplay:
 
 def replay(workload: list[Request], num_blocks: int, block_size: int, max_num_seqs: int = 1024,
            max_num_batched_tokens: int = 4096) -> KVReplay:
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in workload)
+    if longest > num_blocks * block_size:
+        raise ValueError(f"a KV pool of {num_blocks * block_size} tokens cannot hold the workload's longest request "
+                         f"({longest} tokens): raise the budget")
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens), bm)
     for i, r in enumerate(workload):
