@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +143,7 @@ def test_every_truncation_gives_model_load_error(tiny_gguf, tmp_path):
     data = tiny_gguf.read_bytes()
     path = tmp_path / "cut.gguf"
     for n in range(0, len(data), 11):
-        path.write_bytes(data[:n])
+        rewrite(path, data[:n])
         with pytest.raises(ModelLoadError):
             GGUFFile.open(path)
 
@@ -179,19 +179,11 @@ def test_default_model_file():
     assert_same_as_reader(gf, GGUFReader(gf.path))  # the reference parse takes seconds
 
 
-@pytest.mark.slow
-def test_default_model_opens_fast():
-    """Our parser exists because GGUFReader spends seconds on the 98k vocabulary and merge strings."""
-    path = default_gguf()
-    GGUFFile.open(path)  # warm the page cache
-    best = min(_timed(lambda: GGUFFile.open(path)) for _ in range(3))
-    assert best < 1.0, f"GGUFFile.open took {best:.2f} s"  # ~0.08 s on a quiet machine; slack for load
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+def rewrite(path: Path, content: bytes) -> None:
+    """path.write_bytes(content), minus the O_TRUNC open that costs milliseconds on some file systems."""
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        f.write(content)
+        f.truncate()
 
 
 # --- parity with gguf-py's GGUFReader -------------------------------------------------------------------
@@ -268,14 +260,16 @@ RICH_ARRAYS = [  # element type, key, values
 ]
 
 
-def write_rich_gguf(path: Path, endianess: GGUFEndian = GGUFEndian.LITTLE, alignment: int | None = None) -> Path:
+def write_rich_gguf(path: Path, endianess: GGUFEndian = GGUFEndian.LITTLE, alignment: int | None = None,
+                    long_arrays: bool = True) -> Path:
     w = GGUFWriter(path, arch="rich", endianess=endianess)
     if alignment is not None:
         w.add_custom_alignment(alignment)
     for vtype, key, value in RICH_SCALARS:
         w.add_key_value(key, value, vtype)
     for etype, key, values in RICH_ARRAYS:
-        w.add_key_value(key, values, V.ARRAY, sub_type=etype)
+        if long_arrays or len(values) < 100:
+            w.add_key_value(key, values, V.ARRAY, sub_type=etype)
     for i, (name, qtype, shape) in enumerate(RICH_TENSORS):
         array, raw_dtype = _tensor(qtype, shape, i)
         w.add_tensor(name, array, raw_dtype=raw_dtype)
@@ -289,6 +283,12 @@ def write_rich_gguf(path: Path, endianess: GGUFEndian = GGUFEndian.LITTLE, align
 @pytest.fixture(scope="module")
 def rich_gguf(tmp_path_factory) -> Path:
     return write_rich_gguf(tmp_path_factory.mktemp("gguf") / "rich.gguf")
+
+
+@pytest.fixture(scope="module")
+def short_rich_gguf(tmp_path_factory) -> Path:
+    """rich.gguf without the long arrays: a ~2 KB header, to cut or corrupt at every byte."""
+    return write_rich_gguf(tmp_path_factory.mktemp("gguf") / "short.gguf", long_arrays=False)
 
 
 def test_rich_file_matches_reader(rich_gguf):
@@ -430,6 +430,7 @@ BAD_FILES = {  # id: (file bytes, words the error message must contain)
     "huge dims": (_gguf([], [_tinfo("w", (2**40, 2**40), 0, 0)], b"\0" * 64), "needs"),
     "data past the end": (_gguf([], [_tinfo("w", (4,), 0, 2**50)], b"\0" * 16), "holds only 0"),
     "short data": (_gguf([], [_tinfo("w", (4,), 0, 0)], b"\0" * 12), "needs 16 bytes but the file holds only 12"),
+    "quantized scalar": (_gguf([], [_tinfo("w", (), int(T.Q8_0), 0)], b"\0" * 64), "not a whole number of blocks"),
     "not a block multiple": (_gguf([], [_tinfo("w", (16,), int(T.Q8_0), 0)], b"\0" * 64), "block size 32"),
 }
 
@@ -446,31 +447,36 @@ def test_bad_files(tmp_path, case):
     assert "Re-download" in msg
 
 
-def test_truncation_at_every_header_byte(rich_gguf, tmp_path):
+def test_truncation_at_every_header_byte(short_rich_gguf, tmp_path):
     """Every cut inside the header, and a stride through the data, gives a ModelLoadError."""
-    data = rich_gguf.read_bytes()
-    header_end = GGUFFile.open(rich_gguf)._header.header_size
+    data = short_rich_gguf.read_bytes()
+    gf = GGUFFile.open(short_rich_gguf)
+    assert_same_as_reader(gf, GGUFReader(short_rich_gguf))
+    header_end = gf._header.header_size
+    data_end = max(gf._tensor(n).offset + gf._tensor(n).n_bytes for n in gf.tensor_names)
+    assert data_end > len(data) - 32  # only alignment padding after the last tensor
     path = tmp_path / "cut.gguf"
-    cuts = [*range(header_end + 1), *range(header_end + 1, len(data), 7), len(data) - 1]
-    for n in cuts:
-        path.write_bytes(data[:n])
+    path.write_bytes(data)
+    cuts = [*range(header_end + 1), *range(header_end + 1, data_end, 7), data_end - 1]
+    for n in sorted(cuts, reverse=True):
+        os.truncate(path, n)  # much cheaper than rewriting the file each time
         with pytest.raises(ModelLoadError, match="cut.gguf"):
             GGUFFile.open(path)
 
 
-@settings(deadline=None, derandomize=True, max_examples=300,
+@settings(deadline=None, derandomize=True, max_examples=200,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
-def test_corrupted_bytes_give_model_load_error_or_a_valid_file(rich_gguf, tmp_path, data):
+def test_corrupted_bytes_give_model_load_error_or_a_valid_file(short_rich_gguf, tmp_path, data):
     """Overwrite a few header bytes: the file either still parses (and its tensors load) or gives a
     ModelLoadError, never another exception."""
-    content = bytearray(rich_gguf.read_bytes())
-    header_end = GGUFFile.open(rich_gguf)._header.header_size
+    content = bytearray(short_rich_gguf.read_bytes())
+    header_end = GGUFFile.open(short_rich_gguf)._header.header_size
     for _ in range(data.draw(st.integers(1, 4))):
         pos = data.draw(st.integers(4, header_end - 1))
         content[pos] = data.draw(st.sampled_from([0, 1, 2, 0x7F, 0x80, 0xFF, content[pos] ^ 1]))
     path = tmp_path / "corrupt.gguf"
-    path.write_bytes(bytes(content))
+    rewrite(path, bytes(content))
     try:
         gf = GGUFFile.open(path)
     except ModelLoadError:

@@ -75,14 +75,17 @@ class GGUFFile:
 
     def _check_tensor_sizes(self) -> None:
         for t in self._header.tensors:
-            try:
-                want = expected_nbytes(t.tensor_type, t.shape)
-            except ValueError as e:
-                raise _corrupt(self.path, f"tensor {t.name!r}: {e}") from e
             have = max(0, min(t.n_bytes, self._data.size - t.offset))
-            if want != t.n_bytes or have != want:
+            if have != t.n_bytes:
                 raise _corrupt(self.path, f"tensor {t.name!r} needs {t.n_bytes} bytes but the file "
                                           f"holds only {have}")
+            try:
+                want = expected_nbytes(t.tensor_type, t.shape)  # raises if rows are not whole blocks
+            except ValueError as e:
+                raise _corrupt(self.path, f"tensor {t.name!r}: {e}") from e
+            if want != t.n_bytes:  # e.g. a quantized tensor with no dimensions
+                raise _corrupt(self.path, f"tensor {t.name!r}: a {t.tensor_type.name} tensor of shape "
+                                          f"{t.shape} is not a whole number of blocks")
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, {len(self.tensor_names)} tensors)"

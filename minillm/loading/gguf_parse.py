@@ -47,10 +47,6 @@ class GGUFFormatError(ValueError):
     """The bytes are not a valid GGUF file; the message says what is wrong and where."""
 
 
-class _Truncated(GGUFFormatError):
-    pass
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -76,7 +72,6 @@ class _Parser:
     def __init__(self, buf, byte_order: str) -> None:
         self.buf = buf
         self.size = len(buf)
-        self.bo = byte_order
         self.u32 = struct.Struct(byte_order + "I").unpack_from
         self.u64 = struct.Struct(byte_order + "Q").unpack_from
         self.scalars = {t: struct.Struct(byte_order + c) for t, c in _SCALAR_CODES.items()}
@@ -85,7 +80,7 @@ class _Parser:
 
     def need(self, off: int, n: int, what: str) -> None:
         if n < 0 or off + n > self.size:
-            raise _Truncated(f"{what} needs {n} bytes at byte {off}, past the end of the file "
+            raise GGUFFormatError(f"{what} needs {n} bytes at byte {off}, past the end of the file "
                              f"({self.size} bytes)")
 
     def string(self, off: int, what: str) -> tuple[str, int]:
@@ -118,7 +113,7 @@ class _Parser:
         except UnicodeDecodeError as e:
             raise GGUFFormatError(f"{what}: string {len(out)} at byte {off} is not valid UTF-8 "
                                   f"({e.reason})") from None
-        raise _Truncated(f"{what}: the file ends ({size} bytes) in string {len(out)} of {count}")
+        raise GGUFFormatError(f"{what}: the file ends ({size} bytes) in string {len(out)} of {count}")
 
     def value(self, off: int, vtype: int, what: str) -> tuple[Any, int]:
         """One value of type `vtype` at `off`: (contents as gguf-py gives them, offset after it)."""
@@ -212,7 +207,7 @@ def parse_header(buf) -> GGUFHeader:
     if size < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise GGUFFormatError(f"it starts with {bytes(buf[:4])!r}, not {GGUF_MAGIC!r}")
     if size < 24:
-        raise _Truncated(f"the file is only {size} bytes, shorter than the 24-byte GGUF preamble")
+        raise GGUFFormatError(f"the file is only {size} bytes, shorter than the 24-byte GGUF preamble")
     (version,) = struct.unpack_from("<I", buf, 4)
     byte_order = "<"
     if version & 0xFFFF == 0:  # written on a machine of the other byte order (gguf-py's rule)
@@ -224,7 +219,7 @@ def parse_header(buf) -> GGUFHeader:
     p = _Parser(buf, byte_order)
     off = 24
     if n_kv * 12 > size - off:  # every pair takes at least 12 bytes: an absurd count is a corrupt file
-        raise _Truncated(f"the header claims {n_kv} metadata entries, more than the file can hold")
+        raise GGUFFormatError(f"the header claims {n_kv} metadata entries, more than the file can hold")
 
     metadata: dict[str, Any] = {}
     value_types: dict[str, int] = {}
@@ -242,7 +237,7 @@ def parse_header(buf) -> GGUFHeader:
             value_types[key] = vtype
 
     if n_tensors * _MIN_TENSOR_INFO > size - off:
-        raise _Truncated(f"the header claims {n_tensors} tensors, more than the file can hold")
+        raise GGUFFormatError(f"the header claims {n_tensors} tensors, more than the file can hold")
     raw_tensors = []
     for i in range(n_tensors):
         name, off = p.string(off, f"the name of tensor {i}")
