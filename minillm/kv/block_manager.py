@@ -69,7 +69,8 @@ def _check(cond: bool, msg: str) -> None:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hash_fn: Optional[Callable[[Optional[int], tuple], int]] = None) -> None:
+                 hash_fn: Optional[Callable[[Optional[int], tuple], int]] = None,
+                 evictor_cls: Optional[Callable[[], LRUEvictor]] = None) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = int(num_blocks)
@@ -80,7 +81,7 @@ class BlockManager:
         self._ref = [0] * self.num_blocks
         # Free pool = _free (hold no cached data; allocated first, FIFO) + _evictor (cached, ref 0, LRU).
         self._free: deque[int] = deque(range(self.num_blocks))
-        self._evictor = LRUEvictor()
+        self._evictor = (evictor_cls or LRUEvictor)()   # any class with LRUEvictor's interface (lab05)
         # Prefix cache: hash -> block, block -> hash, and block -> (parent BlockRef, tokens): what the block
         # really holds, compared on every hit so that hash collisions can never serve wrong KV.
         self._hash_to_block: dict[int, int] = {}
