@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-import block_manager_properties as props
+import minillm.grading.block_properties as props
 from minillm.grading.lab05 import (CachedBlock, PluggedBlockManager, ReferenceLRU, build_cache, cache_view,
                                    check_lab05_1, check_lab05_2, check_lab05_3, reference_find_cached_prefix,
                                    reference_hash)
