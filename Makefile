@@ -27,11 +27,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/minillm demo
 
+# Two pytest workers with one torch thread each use both cores better than one worker with two threads
+# (tests check behaviour, not speed; notebooks executed by the tests inherit the setting).
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --timeout=1800 --durations=15
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "not slow"
 
 bench: $(STAMP)
 	$(VENV)/bin/minillm bench decode
