@@ -1,0 +1,263 @@
+"""Checkers for lab00 — anatomy of inference: FLOPs, bytes, arithmetic intensity and the roofline.
+
+Tasks (the notebook documents the same signatures):
+  lab00_1  linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes)
+  lab00_2  model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes)
+  lab00_3  roofline_time(flops, nbytes, peak_flops, bandwidth) -> seconds (a lower bound)
+
+The reference formulas below are the specification; each checker compares the learner's function with them on
+examples hypothesis draws (plus hand-picked edge cases) and, when they disagree, recognises the usual mistakes
+to give a precise hint.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+from hypothesis import example, given, strategies as st
+
+from minillm.grading.core import diagnose, fail, reject_reference, run_property
+
+__all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3"]
+
+# SmolLM2-135M's shape, used for hand-picked examples.
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+               num_kv_heads=3, head_dim=64)
+
+
+# --------------------------------------------------------------------------- reference formulas (the spec)
+
+def linear_flops_bytes_ref(num_tokens, d_in, d_out, dtype_bytes):
+    """Y[T, d_out] = X[T, d_in] @ W[d_out, d_in]^T: one multiply + one add per weight per token;
+    bytes = read W once + read X + write Y."""
+    flops = 2 * num_tokens * d_in * d_out
+    nbytes = dtype_bytes * (d_in * d_out + num_tokens * d_in + num_tokens * d_out)
+    return flops, nbytes
+
+
+def model_matmuls(cfg, num_tokens, num_logits, *, kv_heads=None, mlp_mats=2, head_tokens=None, fused_qkv=True,
+                  layers=None, q_width=None, with_o_proj=True, with_head=True):
+    """The matmuls of one forward pass, as minillm runs them: [(tokens, d_in, d_out), ...].
+    The keyword arguments build the classic mistakes, for diagnosis."""
+    T, h, i = num_tokens, cfg.hidden_size, cfg.intermediate_size
+    q = cfg.num_heads * cfg.head_dim if q_width is None else q_width
+    kv = (cfg.num_kv_heads if kv_heads is None else kv_heads) * cfg.head_dim
+    qkv = [(T, h, q + 2 * kv)] if fused_qkv else [(T, h, q), (T, h, kv), (T, h, kv)]
+    layer = qkv + ([(T, q, h)] if with_o_proj else []) + [(T, h, mlp_mats * i), (T, i, h)]
+    head = [(num_logits if head_tokens is None else head_tokens, h, cfg.vocab_size)] if with_head else []
+    return layer * (cfg.num_layers if layers is None else layers) + head
+
+
+def _sum_matmuls(matmuls, dtype_bytes):
+    flops = nbytes = 0
+    for t, d_in, d_out in matmuls:
+        f, b = linear_flops_bytes_ref(t, d_in, d_out, dtype_bytes)
+        flops, nbytes = flops + f, nbytes + b
+    return flops, nbytes
+
+
+def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
+    return _sum_matmuls(model_matmuls(cfg, num_tokens, num_logits), dtype_bytes)
+
+
+def roofline_time_ref(flops, nbytes, peak_flops, bandwidth):
+    """Lower bound on the time of a piece of work: it can't compute faster than peak, nor move bytes faster
+    than the bandwidth, and at best the two overlap completely."""
+    return max(flops / peak_flops, nbytes / bandwidth)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _close(a, b, rel=1e-9):
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+
+
+def _same_pair(a, b):
+    return (isinstance(a, (tuple, list)) and len(a) == 2 and _close(a[0], b[0]) and _close(a[1], b[1]))
+
+
+def _is_number(x):
+    return not isinstance(x, bool) and (isinstance(x, (int, float)) or hasattr(x, "__float__"))
+
+
+def _as_pair(result, fn_name):
+    __tracebackhide__ = True
+    if not isinstance(result, (tuple, list)) or len(result) != 2 or not all(_is_number(x) for x in result):
+        fail(f"{fn_name} must return a pair of numbers (flops, bytes); it returned {result!r}",
+             "end the function with `return flops, nbytes`.")
+    return float(result[0]), float(result[1])
+
+
+def _cfg(**kw):
+    """A ModelConfig-like object with plain attributes (the checkers pass these, the notebook a ModelConfig)."""
+    return SimpleNamespace(**kw)
+
+
+def _describe_cfg(cfg):
+    return ", ".join(f"{k}={getattr(cfg, k)}" for k in
+                     ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                      "num_kv_heads", "head_dim"))
+
+
+# --------------------------------------------------------------------------- lab00_1
+
+_tokens = st.integers(1, 4096)
+_dims = st.integers(1, 8192)
+_dtype_bytes = st.sampled_from([4, 2, 1])
+
+_LINEAR_PROBES = [(1, 576, 1536, 2), (512, 576, 1536, 4), (7, 300, 11, 1)]
+_LINEAR_MISTAKES = [
+    ("you counted multiply-adds (MACs), not FLOPs: each weight costs one multiply AND one add per token",
+     lambda t, i, o, b: (t * i * o, b * (i * o + t * i + t * o))),
+    ("the FLOPs don't grow with the number of tokens: every token is multiplied by the whole weight matrix",
+     lambda t, i, o, b: (2 * i * o, b * (i * o + t * i + t * o))),
+    ("you counted elements, not bytes: multiply by dtype_bytes",
+     lambda t, i, o, b: (2 * t * i * o, i * o + t * i + t * o)),
+    ("you counted only the weights: the input activations are read and the outputs written too",
+     lambda t, i, o, b: (2 * t * i * o, b * i * o)),
+    ("the outputs Y [num_tokens, d_out] are written to memory too",
+     lambda t, i, o, b: (2 * t * i * o, b * (i * o + t * i))),
+    ("the inputs X [num_tokens, d_in] are read from memory too",
+     lambda t, i, o, b: (2 * t * i * o, b * (i * o + t * o))),
+    ("the weights are read once per forward pass, not once per token",
+     lambda t, i, o, b: (2 * t * i * o, b * (t * i * o + t * i + t * o))),
+    ("you returned (bytes, flops): return (flops, bytes)",
+     lambda t, i, o, b: linear_flops_bytes_ref(t, i, o, b)[::-1]),
+]
+
+
+def check_lab00_1(linear_flops_bytes):
+    """linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T."""
+    __tracebackhide__ = True
+    reject_reference(linear_flops_bytes, linear_flops_bytes_ref)
+
+    @given(num_tokens=_tokens, d_in=_dims, d_out=_dims, dtype_bytes=_dtype_bytes)
+    @example(num_tokens=1, d_in=576, d_out=1536, dtype_bytes=2)
+    @example(num_tokens=512, d_in=576, d_out=1536, dtype_bytes=4)
+    def prop(num_tokens, d_in, d_out, dtype_bytes):
+        args = (num_tokens, d_in, d_out, dtype_bytes)
+        got = _as_pair(linear_flops_bytes(*args), "linear_flops_bytes")
+        ref = linear_flops_bytes_ref(*args)
+        if _same_pair(got, ref):
+            return
+        why = diagnose(linear_flops_bytes, _LINEAR_MISTAKES, [args] + _LINEAR_PROBES, _same_pair)
+        assert False, (f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g})"
+                       + (f" — {why}" if why else ""))
+
+    run_property(prop, max_examples=60,
+                 hint="FLOPs = 2·T·d_in·d_out; bytes = dtype_bytes·(d_in·d_out + T·d_in + T·d_out): weights "
+                      "read once, activations read, outputs written.")
+
+
+# --------------------------------------------------------------------------- lab00_2
+
+@st.composite
+def _configs(draw):
+    kv_heads = draw(st.integers(1, 8))
+    group = draw(st.integers(1, 4))
+    head_dim = draw(st.sampled_from([8, 16, 32, 64, 128]))
+    heads = kv_heads * group
+    hidden = draw(st.sampled_from([heads * head_dim, 64, 256, 576]))
+    return _cfg(vocab_size=draw(st.integers(100, 60000)), hidden_size=hidden,
+                intermediate_size=draw(st.integers(16, 4096)), num_layers=draw(st.integers(1, 40)),
+                num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+_MODEL_PROBES = [(_cfg(**SMOLLM2), 1, 1, 4), (_cfg(**SMOLLM2), 64, 2, 2),
+                 (_cfg(vocab_size=1000, hidden_size=96, intermediate_size=200, num_layers=3, num_heads=8,
+                       num_kv_heads=2, head_dim=16), 5, 3, 1)]
+
+
+def _mistake(**kw):
+    return lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, **kw), b)
+
+
+_MODEL_MISTAKES = [
+    ("you sized K and V like Q (multi-head attention): with GQA the k/v projections have only "
+     "num_kv_heads·head_dim outputs each",
+     lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, kv_heads=cfg.num_heads), b)),
+    ("you counted one decoder layer: multiply by cfg.num_layers", _mistake(layers=1)),
+    ("the LM head runs on num_logits tokens only (the engine computes logits for the last prompt token), "
+     "not on all num_tokens", lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, head_tokens=T), b)),
+    ("you left out the LM head (hidden_size -> vocab_size on num_logits tokens)", _mistake(with_head=False)),
+    ("the MLP has three matrices (gate and up: hidden -> intermediate; down: intermediate -> hidden)",
+     _mistake(mlp_mats=1)),
+    ("you left out the attention output projection o_proj [num_heads·head_dim -> hidden]",
+     _mistake(with_o_proj=False)),
+    ("q, k and v are one fused matmul in minillm: its input activations are read once, not three times",
+     _mistake(fused_qkv=False)),
+    ("Q has num_heads·head_dim outputs, which need not equal hidden_size",
+     lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, q_width=cfg.hidden_size), b)),
+    ("you returned (bytes, flops): return (flops, bytes)",
+     lambda cfg, T, n, b: model_flops_bytes_ref(cfg, T, n, b)[::-1]),
+]
+
+
+def check_lab00_2(model_flops_bytes):
+    """model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass."""
+    __tracebackhide__ = True
+    reject_reference(model_flops_bytes, model_flops_bytes_ref)
+
+    @given(cfg=_configs(), num_tokens=st.integers(1, 2048), num_logits=st.integers(1, 8),
+           dtype_bytes=_dtype_bytes)
+    @example(cfg=_cfg(**SMOLLM2), num_tokens=1, num_logits=1, dtype_bytes=4)
+    @example(cfg=_cfg(**SMOLLM2), num_tokens=256, num_logits=1, dtype_bytes=2)
+    def prop(cfg, num_tokens, num_logits, dtype_bytes):
+        args = (cfg, num_tokens, min(num_logits, num_tokens), dtype_bytes)
+        got = _as_pair(model_flops_bytes(*args), "model_flops_bytes")
+        ref = model_flops_bytes_ref(*args)
+        if _same_pair(got, ref):
+            return
+        why = diagnose(model_flops_bytes, _MODEL_MISTAKES, [args] + _MODEL_PROBES, _same_pair)
+        assert False, (f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g}) "
+                       f"for num_tokens={args[1]}, num_logits={args[2]}" + (f" — {why}" if why else ""))
+
+    run_property(prop, max_examples=60,
+                 hint="sum linear_flops_bytes over every matmul: per layer qkv_proj [hidden -> (H + 2·KVH)·D], "
+                      "o_proj [H·D -> hidden], gate_up_proj [hidden -> 2·intermediate], down_proj "
+                      "[intermediate -> hidden], times num_layers; plus the LM head [hidden -> vocab] on "
+                      "num_logits tokens.")
+
+
+# --------------------------------------------------------------------------- lab00_3
+
+_pos = st.floats(1e3, 1e16, allow_nan=False, allow_infinity=False)
+_ROOF_PROBES = [(2.7e8, 5.4e8, 2e11, 2e10),      # SmolLM2 decode on a CPU: memory-bound
+                (1.4e11, 5.4e8, 2e11, 2e10),     # a 512-token prefill: compute-bound
+                (3e9, 7e8, 1e12, 3e11)]
+_ROOF_MISTAKES = [
+    ("you took the smaller of compute time and memory time: the work needs BOTH, so the bound is the larger "
+     "(attainable FLOP/s is the min of the two roofs; time is the max)",
+     lambda f, b, p, w: min(f / p, b / w)),
+    ("you added the two times: that assumes no overlap at all — the roofline bound assumes perfect overlap, "
+     "so it is the larger of the two", lambda f, b, p, w: f / p + b / w),
+    ("you ignored the compute roof (flops / peak_flops)", lambda f, b, p, w: b / w),
+    ("you ignored the memory roof (nbytes / bandwidth)", lambda f, b, p, w: f / p),
+    ("that is the attainable FLOP/s, not a time: divide the work by it", lambda f, b, p, w: min(p, f / b * w)),
+    ("check your units: time = work / rate", lambda f, b, p, w: max(f * p, b * w)),
+]
+
+
+def check_lab00_3(roofline_time):
+    """roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take."""
+    __tracebackhide__ = True
+    reject_reference(roofline_time, roofline_time_ref)
+
+    @given(flops=_pos, nbytes=_pos, peak_flops=st.floats(1e9, 1e16), bandwidth=st.floats(1e9, 1e13))
+    @example(*_ROOF_PROBES[0])
+    @example(*_ROOF_PROBES[1])
+    def prop(flops, nbytes, peak_flops, bandwidth):
+        args = (flops, nbytes, peak_flops, bandwidth)
+        got = roofline_time(*args)
+        if not _is_number(got):
+            assert False, f"roofline_time must return a number of seconds, got {got!r}"
+        ref = roofline_time_ref(*args)
+        if _close(got, ref):
+            return
+        why = diagnose(roofline_time, _ROOF_MISTAKES, [args] + _ROOF_PROBES, _close)
+        assert False, (f"roofline_time = {float(got):.6g} s, expected {ref:.6g} s (compute {flops / peak_flops:.3g} "
+                       f"s, memory {nbytes / bandwidth:.3g} s)" + (f" — {why}" if why else ""))
+
+    run_property(prop, max_examples=60,
+                 hint="time >= flops / peak_flops and time >= nbytes / bandwidth, so the bound is "
+                      "max(flops / peak_flops, nbytes / bandwidth).")

@@ -1,0 +1,42 @@
+"""nbgrader course configuration: this repository is the course.
+
+    solutions/labNN/   source versions (with solutions): nbgrader's "source" step
+    labs/labNN/        release versions (what learners open): nbgrader's "release" step
+
+Run nbgrader from the repository root (it reads this file only from the current directory):
+    make labs                                    # = python tools/build_notebooks.py --release
+    nbgrader generate_assignment lab01 --force   # one lab: solutions/lab01 -> labs/lab01
+    nbgrader autograde lab01 --force             # grades submitted/<student>/lab01/
+    nbgrader generate_feedback lab01 --force     # feedback/<student>/lab01/*.html
+
+The gradebook and the exchange live in a throwaway temp folder by default (this is a self-study course, not a
+class roster); set MINILLM_NBGRADER_DIR to keep them somewhere permanent.
+"""
+import os
+import tempfile
+
+c = get_config()  # noqa: F821 — provided by nbgrader when it loads this file
+
+_root = os.path.dirname(os.path.abspath(__file__))
+_state = os.environ.get("MINILLM_NBGRADER_DIR") or os.path.join(tempfile.gettempdir(), "minillm-nbgrader")
+os.makedirs(os.path.join(_state, "exchange"), exist_ok=True)
+
+c.CourseDirectory.root = _root
+c.CourseDirectory.course_id = "minillm"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "labs"
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_state, "gradebook.db")
+# Never copy into a release: hypothesis' cache, bytecode, checkpoints, feedback, and the jupytext source of
+# the notebook (solutions/labNN/labNN.py holds the solutions in plain text).
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".hypothesis",
+                            "lab[0-9][0-9].py"]
+
+c.Exchange.root = os.path.join(_state, "exchange")
+
+# Labs load a real model and run hypothesis properties: the 30 s default per cell is too short.
+c.Execute.timeout = 600
+c.Execute.interrupt_on_timeout = True
+
+# Graded cells are one-line checker calls: the hidden logic lives in minillm.grading, so feedback shows
+# the checker's message (failing example + hint), not the tests.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

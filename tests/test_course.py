@@ -1,0 +1,208 @@
+"""The course as a whole: every lab in solutions/ is built, released, graded and timed.
+
+Driven by the list of lab folders (solutions/labNN), so a new lab is covered the moment its folder exists:
+- the .ipynb sources are up to date with their jupytext .py, and follow the cell conventions;
+- labs/ is what `nbgrader generate_assignment` makes of solutions/ today;
+- real `nbgrader autograde` into a throwaway gradebook: the solution gets full marks, the untouched release 0;
+- each solutions notebook runs top to bottom in under 3 minutes;
+- `minillm grade` gives full marks (exit 0) to a solution folder and 0 (exit 1) to a release folder.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_notebooks as bn  # noqa: E402
+
+LABS = bn.lab_ids(ROOT)
+TIME_BUDGET_S = 180
+
+
+def graded(nb):
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def course_copy(dest: Path, lab: str) -> Path:
+    """A throwaway course: nbgrader_config.py + solutions/<lab>/ (the config roots the course at its own folder)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "nbgrader_config.py", dest / "nbgrader_config.py")
+    shutil.copytree(ROOT / "solutions" / lab, dest / "solutions" / lab,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", ".hypothesis"))
+    return dest
+
+
+def comparable(nb) -> dict:
+    """What must match between two generated notebooks (ignoring ids, outputs and execution counts)."""
+    return {"metadata": dict(nb.metadata),
+            "cells": [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells]}
+
+
+def files_in(d: Path) -> list[str]:
+    skip = {".ipynb_checkpoints", "__pycache__", ".hypothesis"}
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and not skip & set(p.parts))
+
+
+def test_labs_00_and_01_exist():
+    assert {"lab00", "lab01"} <= set(LABS), LABS
+
+
+# ---------------------------------------------------------------- cheap: sources and conventions
+
+@pytest.mark.parametrize("lab", LABS)
+def test_source_notebook_is_up_to_date_with_its_py(lab):
+    if not (ROOT / "solutions" / lab / f"{lab}.py").is_file():
+        pytest.skip("hand-made notebook without a jupytext source")
+    assert not bn.build_lab(lab, ROOT, check=True), \
+        f"solutions/{lab}/{lab}.ipynb is stale: run `make labs` (tools/build_notebooks.py --release)"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_graded_cells_are_one_line_calls_of_existing_checkers(lab):
+    nb = nbformat.read(ROOT / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    checkers = importlib.import_module(f"minillm.grading.{lab}")
+    cells = graded(nb)
+    assert 2 <= len(cells) <= 4, f"{lab} has {len(cells)} graded tasks (2–4 expected)"
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in cells]
+    assert ids == [f"{lab}_{k}" for k in range(1, len(cells) + 1)], ids
+    for c in cells:
+        meta = c.metadata["nbgrader"]
+        assert meta["locked"] and not meta["solution"] and meta["points"] > 0
+        m = re.fullmatch(rf"check_({lab}_\d+)\(\w+\)", c.source.strip())
+        assert m and m.group(1) == meta["grade_id"], c.source
+        assert callable(getattr(checkers, f"check_{meta['grade_id']}", None))
+    all_ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
+    assert len(all_ids) == len(set(all_ids))
+    answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert len(answers) >= len(cells) and all("### BEGIN SOLUTION" in c.source for c in answers)
+    assert (ROOT / "tests" / f"test_grading_{lab}.py").is_file(), \
+        f"tests/test_grading_{lab}.py must prove the reference passes and wrong implementations fail"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_labs_folder_is_in_sync_with_solutions(lab, tmp_path):
+    """Regenerate the release from solutions/ in a throwaway course; it must equal the committed labs/."""
+    course = course_copy(tmp_path / "course", lab)
+    bn.build_lab(lab, course)
+    bn.release([lab], course, state_dir=tmp_path / "state")
+    fresh, committed = course / "labs" / lab, ROOT / "labs" / lab
+    assert committed.is_dir(), f"labs/{lab} is missing: run `make labs`"
+    assert files_in(fresh) == files_in(committed), "labs/ has different files: run `make labs`"
+    for name in files_in(fresh):
+        if name.endswith(".ipynb"):
+            a = nbformat.read(fresh / name, as_version=4)
+            b = nbformat.read(committed / name, as_version=4)
+            assert comparable(a) == comparable(b), f"labs/{lab}/{name} is out of date: run `make labs`"
+        else:
+            assert (fresh / name).read_bytes() == (committed / name).read_bytes(), name
+    release = nbformat.read(committed / f"{lab}.ipynb", as_version=4)
+    text = nbformat.writes(release)
+    assert "### BEGIN SOLUTION" not in text and "raise NotImplementedError()" in text
+
+
+# ---------------------------------------------------------------- slow: real executions
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
+    from nbgrader.api import Gradebook
+    course = course_copy(tmp_path / "course", lab)
+    state = tmp_path / "state"
+    bn.release([lab], course, state_dir=state)           # records the assignment and its cells in the gradebook
+    for student, src in (("solution", ROOT / "solutions" / lab), ("blank", ROOT / "labs" / lab)):
+        dest = course / "submitted" / student / lab
+        dest.mkdir(parents=True)
+        shutil.copy(src / f"{lab}.ipynb", dest / f"{lab}.ipynb")
+    bn.nbgrader(["autograde", lab, "--force"], course, state, timeout=1800)
+    with Gradebook(f"sqlite:///{state / 'gradebook.db'}") as gb:
+        max_score = gb.find_assignment(lab).max_score
+        solution = gb.find_submission(lab, "solution").score
+        blank = gb.find_submission(lab, "blank").score
+    assert max_score > 0
+    assert solution == max_score, f"the solution of {lab} got {solution}/{max_score}"
+    assert blank == 0, f"the untouched release of {lab} got {blank}/{max_score}"
+    # feedback shows the checker's verdict, not hidden test logic
+    bn.nbgrader(["generate_feedback", lab, "--force"], course, state, timeout=600)
+    html = (course / "feedback" / "blank" / lab / f"{lab}.html").read_text()
+    assert "not implemented yet" in html or "NotImplementedError" in html
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lab", LABS)
+def test_solution_notebook_runs_top_to_bottom_fast(lab, tmp_path):
+    from minillm.grading.cli import execute_notebook
+    nb_path = tmp_path / f"{lab}.ipynb"
+    shutil.copy(ROOT / "solutions" / lab / f"{lab}.ipynb", nb_path)
+    t0 = time.perf_counter()
+    nb = execute_notebook(nb_path, timeout=600)
+    elapsed = time.perf_counter() - t0
+    errors = [(i, o.ename, o.evalue) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+              for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, errors
+    assert all(c.execution_count for c in nb.cells if c.cell_type == "code")
+    assert elapsed < TIME_BUDGET_S, f"{lab} took {elapsed:.0f} s (budget {TIME_BUDGET_S} s)"
+    print(f"{lab}: {elapsed:.0f} s")
+
+
+def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):
+    """Cheap check of the scorecard rules: pass, error, and an edited locked graded cell (checksum mismatch)."""
+    from nbgrader.utils import compute_checksum
+    from minillm.grading.cli import add_grade_parser
+    import argparse
+
+    def cell(src, gid, points):
+        c = nbformat.v4.new_code_cell(src, metadata={"nbgrader": {
+            "grade": True, "solution": False, "locked": True, "points": points, "grade_id": gid,
+            "schema_version": 3}})
+        c.metadata["nbgrader"]["checksum"] = compute_checksum(c)
+        return c
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    edited = cell("assert False, 'the original check'", "t_3", 4)
+    edited.source = "pass  # learner deleted the check"
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), cell("assert x == 1", "t_1", 2),
+                cell("assert x == 2, 'x should be 2\\nsecond line'", "t_2", 1), edited]
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    ap = argparse.ArgumentParser()
+    add_grade_parser(ap.add_subparsers(dest="command"))
+    args = ap.parse_args(["grade", str(tmp_path)])
+    assert args.func(args) == 1
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert lines[-1] == "score: 2/7", out
+    assert re.search(r"t_1\s+2/2\s+pass", out), out
+    assert re.search(r"t_2\s+0/1\s+FAIL\s+AssertionError: x should be 2$", out, re.M), out
+    assert re.search(r"t_3\s+0/4\s+FAIL\s+the graded cell was modified", out), out
+
+
+def run_grade(path: Path) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "minillm", "grade", str(path)], capture_output=True, text=True,
+                       timeout=1200)
+    return r.returncode, r.stdout
+
+
+@pytest.mark.slow
+def test_minillm_grade_cli_full_marks_and_zero(tmp_path):
+    sol, blank = tmp_path / "sol" / "lab00", tmp_path / "mine" / "lab00"   # copies: any lab folder works
+    shutil.copytree(ROOT / "solutions" / "lab00", sol)
+    shutil.copytree(ROOT / "labs" / "lab00", blank)
+    rc, out = run_grade(sol)
+    last = out.strip().splitlines()[-1]
+    m = re.fullmatch(r"score: (\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)", last)
+    assert m and m.group(1) == m.group(2) and float(m.group(2)) > 0, out
+    assert rc == 0, out
+    assert all(f"lab00_{k}" in out for k in (1, 2, 3))
+    rc, out = run_grade(blank / "lab00.ipynb")
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"score: 0/{m.group(2)}", last), out
+    assert rc == 1, out
+    assert "NotImplementedError" in out or "not implemented yet" in out, out

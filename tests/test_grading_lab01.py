@@ -1,0 +1,195 @@
+"""lab01 checkers, graded both ways: minillm's own attention / KV formula pass (wrapped), the very object and
+plausible wrong implementations fail."""
+import functools
+import types
+
+import pytest
+import torch
+
+from minillm.config import ModelConfig
+from minillm.grading.core import reject_reference
+from minillm.grading.lab01 import (check_lab01_1, check_lab01_2, check_lab01_3, kv_cache_bytes_ref,
+                                   max_num_seqs_ref, reference_attend)
+from minillm.layers.attention import causal_attend
+
+
+def rejected(checker, fn, *needles):
+    with pytest.raises(AssertionError) as e:
+        checker(fn)
+    msg = str(e.value)
+    for needle in needles:
+        assert needle in msg, msg
+    assert len(msg.splitlines()) < 12, msg
+    return msg
+
+
+# ---------------------------------------------------------------- lab01_1 attention with a KV cache
+
+def test_lab01_1_minillm_attention_passes():
+    check_lab01_1(lambda q, k, v, scale: causal_attend(q, k, v, scale))
+
+
+def test_lab01_1_rejects_minillm_attention_itself():
+    rejected(check_lab01_1, causal_attend, "minillm's own implementation", "causal_attend")
+    rejected(check_lab01_1, functools.partial(causal_attend), "minillm's own implementation")
+    copy = types.FunctionType(causal_attend.__code__, {"F": torch.nn.functional, "torch": torch})
+    rejected(check_lab01_1, copy, "minillm's own implementation")
+
+
+def test_reference_attend_matches_minillm():
+    """The checker's independent reference agrees with the engine's attention (so the spec is the engine's)."""
+    g = torch.Generator().manual_seed(0)
+    for n, L, KVH, group in [(1, 1, 1, 1), (3, 7, 2, 3), (5, 5, 1, 4), (1, 9, 3, 3)]:
+        q = torch.randn(n, KVH * group, 8, generator=g)
+        k, v = torch.randn(L, KVH, 8, generator=g), torch.randn(L, KVH, 8, generator=g)
+        torch.testing.assert_close(causal_attend(q, k, v, 0.3).double(), reference_attend(q, k, v, 0.3),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def _attn(q, k, v, scale, *, stable=True, kv_map="div", offset="suffix", strict=False, own_scale=False):
+    n, H, D = q.shape
+    L, KVH, _ = k.shape
+    g = H // KVH
+    heads = torch.tensor([h // g if kv_map == "div" else h % KVH for h in range(H)])
+    kk, vv = k[:, heads], v[:, heads]
+    s = torch.einsum("nhd,lhd->hnl", q, kk) * (D ** -0.5 if own_scale else scale)
+    start = L - n if offset == "suffix" else 0
+    qpos = torch.arange(start, start + n)[:, None]
+    kpos = torch.arange(L)[None, :]
+    s = s.masked_fill((kpos >= qpos) if strict else (kpos > qpos), float("-inf"))
+    if stable:
+        s = s - s.amax(-1, keepdim=True)
+    p = s.exp()
+    p = p / p.sum(-1, keepdim=True)
+    return torch.einsum("hnl,lhd->nhd", p.nan_to_num(0.0), vv)
+
+
+def _in_place(q, k, v, scale):
+    k.mul_(1.0)  # harmless values, but a write into the cache
+    k.add_(0.0)
+    k[0, 0, 0] += 1.0
+    return causal_attend(q, k, v, scale)
+
+
+ATTN_WRONG = {
+    "no_max_subtraction": (functools.partial(_attn, stable=False), "subtract each row's maximum"),
+    "gqa_modulo": (functools.partial(_attn, kv_map="mod"), "h // (H // KVH)"),
+    "mask_from_start": (functools.partial(_attn, offset="prefix"), "LAST n of L positions"),
+    "mask_excludes_self": (functools.partial(_attn, strict=True), "its own key"),
+    "hardcoded_scale": (functools.partial(_attn, own_scale=True), "hard-code"),
+    "writes_into_cache": (_in_place, "modified its inputs"),
+    "returns_float64": (lambda q, k, v, s: reference_attend(q, k, v, s), "dtype"),
+}
+
+
+@pytest.mark.parametrize("name", ATTN_WRONG)
+def test_lab01_1_wrong_implementations_fail(name):
+    fn, diagnosis = ATTN_WRONG[name]
+    rejected(check_lab01_1, fn, diagnosis, "Smallest failing example", "Hint")
+
+
+def test_lab01_1_correct_learner_code_passes():
+    check_lab01_1(functools.partial(_attn))  # a partial WITH bound defaults is the learner's own code path
+
+
+# ---------------------------------------------------------------- lab01_2 KV-size formula
+
+def test_lab01_2_minillm_formula_passes():
+    def via_model_config(cfg, batch_size, seq_len, dtype_bytes):
+        mc = ModelConfig(vocab_size=1, hidden_size=cfg.hidden_size, intermediate_size=1, num_layers=cfg.num_layers,
+                         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        return mc.kv_bytes_per_token(dtype_bytes) * batch_size * seq_len
+    check_lab01_2(via_model_config)
+
+
+def test_lab01_2_rejects_the_reference_itself():
+    rejected(check_lab01_2, kv_cache_bytes_ref, "minillm's own implementation")
+    rejected(check_lab01_2, ModelConfig.kv_bytes_per_token, "minillm's own implementation")
+
+
+KV_WRONG = {
+    "missing_factor_2": (lambda c, b, s, d: c.num_layers * c.num_kv_heads * c.head_dim * b * s * d, "multiply by 2"),
+    "missing_layers": (lambda c, b, s, d: 2 * c.num_kv_heads * c.head_dim * b * s * d, "num_layers"),
+    "query_heads": (lambda c, b, s, d: 2 * c.num_layers * c.num_heads * c.head_dim * b * s * d, "num_kv_heads"),
+    "hidden_size": (lambda c, b, s, d: 2 * c.num_layers * c.hidden_size * b * s * d, "width of Q"),
+    "elements": (lambda c, b, s, d: 2 * c.num_layers * c.num_kv_heads * c.head_dim * b * s, "bytes, not elements"),
+}
+
+
+@pytest.mark.parametrize("name", KV_WRONG)
+def test_lab01_2_wrong_implementations_fail(name):
+    fn, diagnosis = KV_WRONG[name]
+    rejected(check_lab01_2, fn, diagnosis, "Smallest failing example")
+
+
+# ---------------------------------------------------------------- lab01_3 sizing
+
+def test_lab01_3_reference_passes():
+    check_lab01_3(lambda *a: max_num_seqs_ref(*a))
+
+
+def test_lab01_3_rejects_the_reference_itself():
+    rejected(check_lab01_3, max_num_seqs_ref, "minillm's own implementation")
+
+
+def _per_seq(c, s, d):
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * s * d
+
+
+SEQS_WRONG = {
+    "ceil": (lambda c, m, w, s, d: -(-(m - w) // _per_seq(c, s, d)) if m > w else 0, "round down"),
+    "ignores_weights": (lambda c, m, w, s, d: m // _per_seq(c, s, d), "weights take their share"),
+    "negative": (lambda c, m, w, s, d: int((m - w) / _per_seq(c, s, d)), "return 0"),
+    "kv_without_2": (lambda c, m, w, s, d: max(0, (m - w) // (_per_seq(c, s, d) // 2)), "multiply by 2"),
+    "float_result": (lambda c, m, w, s, d: max(0, (m - w) / _per_seq(c, s, d)), "whole number"),
+}
+
+
+@pytest.mark.parametrize("name", SEQS_WRONG)
+def test_lab01_3_wrong_implementations_fail(name):
+    fn, diagnosis = SEQS_WRONG[name]
+    rejected(check_lab01_3, fn, diagnosis, "Smallest failing example")
+
+
+# ---------------------------------------------------------------- reject_reference rules
+
+def test_reject_reference_accepts_wrappers_and_rejects_aliases():
+    reject_reference(lambda q, k, v, s: causal_attend(q, k, v, s), causal_attend)   # a wrapper: learner's code
+
+    def mine(q, k, v, s):
+        return causal_attend(q, k, v, s)
+    reject_reference(mine, causal_attend)
+    reject_reference(functools.partial(causal_attend, scale=0.5), causal_attend)      # binds an argument: a wrapper
+    for alias in (causal_attend, functools.partial(causal_attend), functools.wraps(causal_attend)(causal_attend)):
+        with pytest.raises(AssertionError, match="minillm's own implementation"):
+            reject_reference(alias, causal_attend)
+    from minillm.kv.contiguous import ContiguousKVCache
+    with pytest.raises(AssertionError, match="minillm's own implementation"):
+        reject_reference(ContiguousKVCache)             # any minillm object, even one not listed
+    with pytest.raises(AssertionError, match="None"):
+        reject_reference(None)
+
+
+# ---------------------------------------------------------------- the plug-in contract
+
+def test_checker_approved_attention_drives_the_engine():
+    """What lab01_1 accepts is what the engine needs: plugged into the backend of a tiny random model (GQA),
+    a function passing the checker reproduces minillm's logits through prefill, chunked prefill and decode."""
+    from minillm.kv.contiguous import ContiguousKVCache
+    from minillm.layers.attention import TorchAttentionBackend
+    from minillm.models.llama import ForwardContext
+    from tiny_models import minillm_logits, random_model
+
+    learner = functools.partial(_attn)
+    check_lab01_1(learner)
+    model = random_model(seed=3, heads=6, kv_heads=2, head_dim=8, layers=2, vocab=64)
+    ids = [5, 9, 1, 33, 7, 2, 60, 11, 4, 19]
+    expected = minillm_logits(model, ids)
+    cache = ContiguousKVCache(model.cfg, 1, len(ids))
+    backend = TorchAttentionBackend(attend_fn=learner)
+    rows = []
+    for start, end in [(0, 4), (4, 7), (7, 8), (8, 9), (9, 10)]:      # prefill, a chunk, then decode steps
+        meta = cache.metadata([0], [start], [end - start])
+        h = model(torch.tensor(ids[start:end]), torch.arange(start, end), ForwardContext(meta, cache, backend))
+        rows.append(model.compute_logits(h))
+    torch.testing.assert_close(torch.cat(rows), expected, atol=1e-4, rtol=1e-4)

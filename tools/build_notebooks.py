@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Build the course notebooks: solutions/labNN/labNN.py (jupytext percent format) -> labNN.ipynb -> labs/.
+
+The .py files are the single source of truth (readable diffs). A cell header carries its nbgrader role:
+
+    # %% [markdown]                       plain text (no nbgrader metadata)
+    # %%                                  plain code (setup, plug-in, measurement): the learner may edit it
+    # %% nbgrader="readonly"              locked code or markdown (e.g. the imports of the checkers)
+    # %% nbgrader="answer"                the learner's answer: code between ### BEGIN SOLUTION / ### END SOLUTION
+    # %% nbgrader="graded" points=2       a locked graded cell: exactly one line, `check_labNN_K(name)`;
+                                          its grade_id is labNN_K (taken from the call)
+
+Answer cells get grade_id labNN_K_answer (K from the next graded cell), read-only cells labNN_readonly_I.
+This script checks the conventions (unique ids, one-line graded calls, a solution in every answer cell,
+every task answered) and fails loudly when a source breaks them.
+
+    python tools/build_notebooks.py                 # all labs: .py -> solutions/labNN/labNN.ipynb
+    python tools/build_notebooks.py --release       # ... then `nbgrader generate_assignment` -> labs/
+    python tools/build_notebooks.py lab01 --release # one lab
+    python tools/build_notebooks.py --check         # exit 1 if an .ipynb is out of date with its .py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB_RE = re.compile(r"^lab\d\d$")
+GRADED_RE = re.compile(r"^check_(lab\d\d_\d+)\([A-Za-z_][A-Za-z_0-9.]*\)$")
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+SCHEMA = 3
+
+
+class SourceError(ValueError):
+    pass
+
+
+def lab_ids(root: Path = ROOT) -> list[str]:
+    """Every lab that has a source: solutions/labNN/labNN.py (or, without one, a hand-made labNN.ipynb)."""
+    sol = root / "solutions"
+    return sorted(d.name for d in sol.iterdir() if d.is_dir() and LAB_RE.match(d.name)
+                  and ((d / f"{d.name}.py").is_file() or (d / f"{d.name}.ipynb").is_file()))
+
+
+def _nbgrader_meta(role: str, grade_id: str, points: float | None = None) -> dict:
+    base = {"grade": False, "grade_id": grade_id, "locked": False, "schema_version": SCHEMA, "solution": False}
+    if role == "answer":
+        base.update(solution=True)
+    elif role == "graded":
+        base.update(grade=True, locked=True, points=points)
+    elif role == "readonly":
+        base.update(locked=True)
+    else:
+        raise SourceError(f"unknown nbgrader role {role!r}: use answer, graded or readonly")
+    return base
+
+
+def build_notebook(py_path: Path):
+    """Read a percent-format source and return the nbgrader-ready notebook (a NotebookNode)."""
+    import jupytext
+    import nbformat
+    lab = py_path.stem
+    src = jupytext.read(py_path, fmt="py:percent")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": dict(KERNELSPEC),
+                   "language_info": {"name": "python", "pygments_lexer": "ipython3"}}
+    cells = list(src.cells)
+    # grade ids of graded cells first, so answer cells can take the id of the task they precede
+    graded_ids: dict[int, str] = {}
+    for idx, cell in enumerate(cells):
+        if cell.metadata.get("nbgrader") == "graded":
+            line = cell.source.strip()
+            m = GRADED_RE.match(line)
+            if not m or "\n" in line:
+                raise SourceError(f"{py_path}: graded cell #{idx} must be one line `check_{lab}_K(name)`, "
+                                  f"got {cell.source!r}")
+            if not m.group(1).startswith(lab + "_"):
+                raise SourceError(f"{py_path}: graded cell calls {m.group(0)!r} but this is {lab}")
+            graded_ids[idx] = m.group(1)
+    if len(set(graded_ids.values())) != len(graded_ids):
+        raise SourceError(f"{py_path}: duplicate graded task ids {sorted(graded_ids.values())}")
+    if not graded_ids:
+        raise SourceError(f"{py_path}: no graded cells")
+    seen_answer: dict[str, int] = {}
+    readonly = 0
+    for idx, cell in enumerate(cells):
+        role = cell.metadata.pop("nbgrader", None)
+        points = cell.metadata.pop("points", None)
+        for junk in ("lines_to_next_cell", "title", "cell_marker", "lines_to_end_of_cell_marker"):
+            cell.metadata.pop(junk, None)
+        if cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(cell.source, metadata=dict(cell.metadata))
+        elif cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(cell.source, metadata=dict(cell.metadata))
+        else:
+            new = nbformat.v4.new_raw_cell(cell.source, metadata=dict(cell.metadata))
+        new.id = f"{lab}-c{idx:02d}"
+        if isinstance(role, dict):        # full nbgrader metadata written by hand: keep it
+            new.metadata["nbgrader"] = role
+            new.id = role.get("grade_id", new.id)
+        elif role == "graded":
+            if not points or float(points) <= 0:
+                raise SourceError(f"{py_path}: graded cell {graded_ids[idx]} needs points=N (N > 0)")
+            new.metadata["nbgrader"] = _nbgrader_meta("graded", graded_ids[idx], points)
+            new.id = graded_ids[idx]
+        elif role == "answer":
+            task = next((graded_ids[j] for j in sorted(graded_ids) if j > idx), None)
+            if task is None:
+                raise SourceError(f"{py_path}: answer cell #{idx} is not followed by a graded cell")
+            if "### BEGIN SOLUTION" not in cell.source or "### END SOLUTION" not in cell.source:
+                raise SourceError(f"{py_path}: answer cell for {task} lacks ### BEGIN SOLUTION / ### END SOLUTION")
+            seen_answer[task] = seen_answer.get(task, 0) + 1
+            gid = f"{task}_answer" + ("" if seen_answer[task] == 1 else str(seen_answer[task]))
+            new.metadata["nbgrader"] = _nbgrader_meta("answer", gid)
+            new.id = gid
+        elif role == "readonly":
+            readonly += 1
+            gid = f"{lab}_readonly_{readonly}"
+            new.metadata["nbgrader"] = _nbgrader_meta("readonly", gid)
+            new.id = gid
+        elif role is not None:
+            raise SourceError(f"{py_path}: cell #{idx} has unknown nbgrader role {role!r}")
+        if "### BEGIN SOLUTION" in cell.source and role != "answer":
+            raise SourceError(f"{py_path}: cell #{idx} has a solution region but is not an answer cell")
+        nb.cells.append(new)
+    missing = sorted(set(graded_ids.values()) - set(seen_answer))
+    if missing:
+        raise SourceError(f"{py_path}: tasks without an answer cell: {missing}")
+    nbformat.validate(nb)
+    return nb
+
+
+def notebook_text(nb) -> str:
+    import nbformat
+    return nbformat.writes(nb) + "\n"
+
+
+def build_lab(lab: str, root: Path = ROOT, check: bool = False) -> bool:
+    """Write solutions/<lab>/<lab>.ipynb from its .py; returns True when the file changed (or would)."""
+    d = root / "solutions" / lab
+    py, ipynb = d / f"{lab}.py", d / f"{lab}.ipynb"
+    if not py.is_file():
+        return False  # a hand-made notebook without a .py source: nothing to build
+    text = notebook_text(build_notebook(py))
+    old = ipynb.read_text() if ipynb.is_file() else None
+    if old == text:
+        return False
+    if not check:
+        ipynb.write_text(text)
+    return True
+
+
+def nbgrader_env(state_dir: str | Path | None = None) -> dict[str, str]:
+    """Environment for running nbgrader: this venv's bin on PATH (nbgrader shells out to `alembic` when it
+    creates a gradebook) and, optionally, a private folder for the gradebook and exchange."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if state_dir is not None:
+        env["MINILLM_NBGRADER_DIR"] = str(state_dir)
+    return env
+
+
+def nbgrader(args: list[str], root: Path = ROOT, state_dir: str | Path | None = None,
+             timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run `nbgrader ARGS` from the course root `root` (it reads nbgrader_config.py only from the cwd)."""
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=nbgrader_env(state_dir), timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}) in {root}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def release(labs: list[str], root: Path = ROOT, state_dir: str | Path | None = None) -> None:
+    """`nbgrader generate_assignment LAB --force` for each lab: solutions/LAB -> labs/LAB."""
+    for lab in labs:
+        nbgrader(["generate_assignment", lab, "--force", "--log-level=WARN"], root, state_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("labs", nargs="*", help="lab ids (default: every solutions/labNN)")
+    ap.add_argument("--release", action="store_true", help="also run nbgrader generate_assignment into labs/")
+    ap.add_argument("--check", action="store_true", help="only report .ipynb files out of date with their .py")
+    args = ap.parse_args(argv)
+    labs = args.labs or lab_ids()
+    stale = []
+    for lab in labs:
+        try:
+            changed = build_lab(lab, check=args.check)
+        except SourceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if changed:
+            stale.append(lab)
+            print(f"{'stale' if args.check else 'built'}: solutions/{lab}/{lab}.ipynb")
+    if args.check:
+        return 1 if stale else 0
+    if args.release:
+        release(labs)
+        for lab in labs:
+            print(f"released: labs/{lab}/")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    sys.exit(main())
