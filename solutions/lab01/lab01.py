@@ -59,7 +59,7 @@ print(f"{cfg.num_layers} layers, {cfg.num_heads} query heads, {cfg.num_kv_heads}
 prompt_ids = build_prompt_ids(tok, "Explain in one paragraph why the sky is blue.")
 cache = ContiguousKVCache(cfg, max_batch=1, max_len=96)
 gen.forward_logits(cache, prompt_ids, 0)
-k0 = cache.k[0, 0].reshape(96, -1)                     # layer 0, row 0: [positions, kv_heads * head_dim]
+k0 = cache.layer(0)[0][0].reshape(96, -1)              # layer 0 K, row 0: [positions, kv_heads * head_dim]
 fig, ax = plt.subplots(figsize=(8, 3.2))
 im = ax.imshow(k0.T.abs().numpy(), aspect="auto", cmap="magma", interpolation="nearest")
 ax.axvline(len(prompt_ids) - 0.5, color="cyan", lw=1)
