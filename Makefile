@@ -31,7 +31,7 @@ demo: $(STAMP)
 # (tests check behaviour, not speed; notebooks executed by the tests inherit the setting).
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --timeout=1800 --durations=15
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --durations=15
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "not slow"

@@ -97,7 +97,7 @@ def cmd_bench(args) -> int:
     if args.what == "decode":
         from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
         b = run_decode_bench(_load(args), prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps)
-        print(json.dumps(as_dict(b), indent=2) if args.json else format_decode_bench(b))
+        print(json.dumps(as_dict(b)) if args.json else format_decode_bench(b))
         return 0
     from minillm.bench import cli as bench_cli  # throughput / kv live with the batching engine
     return bench_cli.run(args)
