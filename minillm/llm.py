@@ -6,7 +6,6 @@ from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
 
-from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
@@ -26,14 +25,13 @@ class LLM:
                  enable_chunked_prefill: bool = True, attention_backend: str = "auto",
                  max_model_len: int | None = None) -> None:
         loaded = load_model(model, dtype)
-        config = EngineConfig(
-            model=model, dtype=dtype, max_model_len=max_model_len, attention_backend=attention_backend,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory,
-                              enable_prefix_caching=enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill))
         self.loaded = loaded
-        self.engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+        self.engine = LLMEngine.from_model(
+            loaded.model, loaded.tokenizer, block_size=block_size, num_blocks=num_blocks,
+            kv_cache_memory_bytes=kv_cache_memory, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=enable_chunked_prefill, attention_backend=attention_backend,
+            max_model_len=max_model_len)
 
     @property
     def tokenizer(self):
