@@ -1,0 +1,17 @@
+"""KV-cache sizing: the arithmetic behind "how many tokens fit" (lab01)."""
+from __future__ import annotations
+
+from minillm.config import ModelConfig
+from minillm.models.catalog import model_shape
+
+
+def kv_cache_bytes(config: ModelConfig | str, tokens: int, dtype_bytes: float = 2) -> float:
+    """Bytes of K and V for `tokens` cached tokens (summed over sequences):
+    2 (K and V) x layers x kv_heads x head_dim x dtype_bytes x tokens."""
+    cfg = model_shape(config)
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes * tokens
+
+
+def kv_tokens_that_fit(config: ModelConfig | str, budget_bytes: float, dtype_bytes: float = 2) -> int:
+    """How many tokens of KV a memory budget holds (all sequences together)."""
+    return int(budget_bytes // kv_cache_bytes(config, 1, dtype_bytes))

@@ -1,0 +1,1 @@
+"""Quantization: weight-only int8 / int4 and the memory arithmetic around it."""
