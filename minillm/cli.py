@@ -1,4 +1,4 @@
-"""minillm command line: generate | chat | bench | demo (| grade, added by the course)."""
+"""minillm command line: generate | chat | bench | demo | quiz (| grade, added by the course)."""
 from __future__ import annotations
 
 import argparse
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_grade_parser(sub)
     except ImportError:
         pass
+    from minillm.quiz.cli import add_quiz_parser
+    add_quiz_parser(sub)
     return ap
 
 

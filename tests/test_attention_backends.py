@@ -73,9 +73,10 @@ def run_backend(backend, heads, kv_heads, d, bs, dtype, seqs, seed):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(batches())
-def test_torch_backend_equals_dense(b):
-    out, ref = run_backend(TorchAttentionBackend(), *b)
+@given(batches(), st.sampled_from([1, 2, 3, 4]))
+def test_torch_backend_equals_dense(b, group_size):
+    """group_size 1 = the per-sequence loop; larger = length-sorted padded groups of decodes."""
+    out, ref = run_backend(TorchAttentionBackend(decode_group_size=group_size), *b)
     assert (out - ref).abs().max().item() <= TOL[b[4]]
 
 
@@ -84,3 +85,4 @@ def test_torch_backend_equals_dense(b):
 def test_triton_backend_equals_dense(b):
     out, ref = run_backend(TritonAttentionBackend(), *b)
     assert (out - ref).abs().max().item() <= TOL[b[4]]
+

@@ -300,3 +300,13 @@ plt.show()
 # concurrency: a fixed KV budget divided by longer sequences means fewer of them in a batch, so throughput per
 # GPU drops. Lab01 turns these into formulas.
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab00` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab00")

@@ -339,3 +339,13 @@ for name, (shape, wbytes) in shapes.items():
 # (lab04), limits on max_model_len and max_num_seqs, KV quantization (fp8/int8 halves it), prefix sharing
 # (lab05), GQA/MQA models, offloading cold KV to CPU, or sharding heads across GPUs with tensor parallelism.
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab01` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab01")

@@ -535,3 +535,13 @@ plt.show()
 # last sample holding it finishes — exactly what Task 3's fork, append_slots and free implement. Beam search
 # uses the same mechanism with more frequent forks and frees as beams are pruned.
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab02` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab02")

@@ -566,3 +566,13 @@ plt.show()
 # kernels (FlashAttention-2/3 with paged KV, FlashInfer) combine these: block tables plus split-K plus
 # tensor cores when the GQA group is large enough.
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab03` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab03")

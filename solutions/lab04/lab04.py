@@ -530,3 +530,13 @@ plt.show()
 # meet a TPOT / ITL target (chat); the KV pool bounds the batch from above, and a latency SLO picks the point
 # on the curve that still meets it (goodput, lab11).
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab04` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab04")

@@ -489,3 +489,13 @@ plt.show()
 # isolate caches per tenant (a salt mixed into the first block's hash) or disable sharing for sensitive
 # prompts.
 # </details>
+
+# %% [markdown]
+# ### More from the question bank
+#
+# Every interview question this lab answers, with the project's answer, key points and the code that backs it
+# (the same bank `minillm quiz --lab lab05` rehearses in a terminal, with spaced repetition):
+
+# %%
+from minillm.quiz import show
+show(lab="lab05")

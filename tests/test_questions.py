@@ -1,0 +1,169 @@
+"""The real question bank in questions/: schema and extra rules per file, sources.yaml against the bank and the
+seed collections, evidence that resolves, numbers that recompute, and `minillm quiz --list` over it all."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minillm.quiz.bank import PLANNED_TOPICS, load_bank, load_schema, load_sources, read_yaml, topic_files, validate_file
+
+REPO = Path(__file__).resolve().parents[1]
+BANK_DIR = REPO / "questions"
+TOPIC_FILES = topic_files(BANK_DIR)
+
+
+def _seed_module():
+    spec = importlib.util.spec_from_file_location("seed_questions", REPO / "tools" / "seed_questions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return load_bank(BANK_DIR)
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return load_sources(BANK_DIR)
+
+
+@pytest.mark.parametrize("path", TOPIC_FILES, ids=[p.name for p in TOPIC_FILES])
+def test_topic_file_validates(path):
+    problems = validate_file(path, read_yaml(path), load_schema(BANK_DIR))
+    assert not problems, "\n".join(problems)
+
+
+def test_whole_bank_loads_with_unique_ids(bank):
+    assert set(bank.topics) == {p.stem for p in TOPIC_FILES}
+
+
+def test_every_id_in_sources_yaml_is_in_the_bank(bank, sources):
+    missing = sorted({s["id"] for s in sources} - set(bank.questions))
+    assert not missing, (f"{len(missing)} ids that questions/sources.yaml maps seed questions to have no bank "
+                         f"entry yet: {', '.join(missing)}")
+
+
+def test_every_entry_comes_from_a_seed_or_the_curriculum(bank, sources):
+    referenced = {s["id"] for s in sources}
+    orphans = [q.id for q in bank.questions.values() if q.id not in referenced and "CURRICULUM.md" not in q.sources]
+    assert not orphans, ("entries no seed question maps to in sources.yaml and without CURRICULUM.md in sources: "
+                         + ", ".join(orphans))
+
+
+def test_sources_yaml_entries_are_well_formed(sources):
+    assert sources, "questions/sources.yaml lists no questions"
+    for s in sources:
+        assert {"seed", "line", "quote", "id"} <= set(s), f"sources.yaml entry {s} lacks seed, line, quote or id"
+
+
+def test_every_entry_has_a_lab(bank):
+    assert all(q.labs for q in bank.questions.values())
+
+
+def _evidence():
+    try:
+        b = load_bank(BANK_DIR)
+    except Exception:       # reported by test_topic_file_validates / test_whole_bank_loads_with_unique_ids
+        return []
+    return [(q.id, ref) for q in b.questions.values() for ref in q.evidence]
+
+
+def _checks():
+    try:
+        b = load_bank(BANK_DIR)
+    except Exception:
+        return []
+    return [(q, i) for q in b.questions.values() for i in range(len(q.checks))]
+
+
+@pytest.mark.parametrize("qid, ref", _evidence())
+def test_evidence_resolves(qid, ref):
+    from minillm.quiz.evidence import resolve_evidence
+    resolve_evidence(ref)
+
+
+@pytest.mark.parametrize("q, i", _checks(), ids=lambda v: v.id if hasattr(v, "id") else str(v))
+def test_check_verifies_and_its_claim_is_in_the_text(q, i):
+    from minillm.quiz.numbers import verify_check
+    check = q.checks[i]
+    verify_check(check)
+    texts = [q.answer] + ([" ".join(t.split()) for t in vars(q.design).values()] if q.design else [])
+    assert any(check["claim"] in t for t in texts), \
+        f"{q.id}: the claim {check['claim']!r} does not appear in the answer or design text"
+
+
+def test_verify_check_rejects_a_wrong_claim():
+    from minillm.quiz.numbers import verify_check
+    good = {"claim": "1 GiB", "fn": "kv_cache_bytes", "args": {"config": "llama-2-7b", "tokens": 2048}}
+    verify_check(good)
+    with pytest.raises(AssertionError, match="claim '3 GiB'"):
+        verify_check({**good, "claim": "3 GiB"})
+
+
+def test_every_seed_question_is_mapped_with_a_true_short_quote(sources):
+    mod = _seed_module()
+    seed_dir = mod.default_seed_dir()
+    if not seed_dir.is_dir():
+        pytest.skip(f"seed collections not found at {seed_dir} (set MINILLM_SEEDS to check sources.yaml against them)")
+    seeds = mod.seed_questions(seed_dir)
+    assert seeds, f"no seed questions read from {seed_dir}"
+    mapped = {(s["seed"], int(s["line"])): s for s in sources}
+    unmapped = [f"{q.seed}:{q.line} {q.text[:60]}" for q in seeds if (q.seed, q.line) not in mapped]
+    assert not unmapped, "seed questions missing from questions/sources.yaml:\n" + "\n".join(unmapped)
+    bad = []
+    for q in seeds:
+        quote = str(mapped[(q.seed, q.line)]["quote"])
+        if quote not in q.text:
+            bad.append(f"{q.seed}:{q.line}: quote {quote!r} is not in the seed text")
+        if len(quote.split()) > 12:
+            bad.append(f"{q.seed}:{q.line}: quote has {len(quote.split())} words (at most 12)")
+    assert not bad, "\n".join(bad)
+
+
+def test_quiz_list_shows_every_topic_file():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MINILLM_QUESTIONS", None)
+    r = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--list"], capture_output=True, text=True,
+                       cwd=REPO, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
+    for path in TOPIC_FILES:
+        assert path.stem in rows and "(no file yet)" not in rows[path.stem], f"{path.stem} missing from --list"
+    assert "coverage:" in r.stdout
+    missing = [t for t in PLANNED_TOPICS if "(no file yet)" in rows.get(t, "(no file yet)")]
+    assert not missing, f"planned topics (questions/README.md) without a file: {', '.join(missing)}"
+
+
+def _seed_lock() -> dict:
+    import json
+    return json.loads((REPO / "questions" / "seeds.lock.json").read_text())["seeds"]
+
+
+def test_sources_yaml_maps_every_locked_seed_question(sources):
+    """Runs without the seed files: every question line recorded in seeds.lock.json has one sources.yaml row."""
+    locked = {(name, line) for name, info in _seed_lock().items() for line in info["question_lines"]}
+    rows = [(s["seed"], int(s["line"])) for s in sources]
+    assert len(rows) == len(set(rows)), "a seed question is listed twice in sources.yaml"
+    assert set(rows) == locked, (f"missing: {sorted(locked - set(rows))[:5]}; "
+                                 f"not a locked seed question: {sorted(set(rows) - locked)[:5]}")
+    assert len(locked) == 115
+
+
+def test_seed_lock_matches_the_seed_files():
+    import hashlib
+    mod = _seed_module()
+    seed_dir = mod.default_seed_dir()
+    if not seed_dir.is_dir():
+        pytest.skip(f"seed collections not found at {seed_dir}; seeds.lock.json stands in for them")
+    lock = _seed_lock()
+    assert sorted(p.name for p in seed_dir.glob("*.txt")) == sorted(lock)
+    for name, info in lock.items():
+        assert hashlib.sha256((seed_dir / name).read_bytes()).hexdigest() == info["sha256"], f"{name} changed"
+        assert [q.line for q in mod.seed_questions(seed_dir) if q.seed == name] == info["question_lines"]
