@@ -69,7 +69,7 @@ class EngineConfig:
     model: str = "default"
     dtype: str = "float32"
     max_model_len: int | None = None
-    attention_backend: str = "auto"  # "torch" | "triton" | "auto"
+    attention_backend: str = "auto"  # "torch" | "cpu" | "triton" | "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from minillm.config import ModelConfig
 from minillm.kv.cache import KVCache
-from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend, TritonAttentionBackend
+from minillm.layers.attention import (AttentionMetadata, CpuAttentionBackend, TorchAttentionBackend,
+                                     TritonAttentionBackend, get_attention_backend)
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -86,3 +87,16 @@ def test_triton_backend_equals_dense(b):
     out, ref = run_backend(TritonAttentionBackend(), *b)
     assert (out - ref).abs().max().item() <= TOL[b[4]]
 
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(batches())
+def test_cpu_kernel_backend_equals_dense(b):
+    """The compiled CPU kernel (fp32) and its torch fallback (bf16) read the pool through the block tables."""
+    out, ref = run_backend(CpuAttentionBackend(), *b)
+    assert (out - ref).abs().max().item() <= TOL[b[4]]
+
+
+def test_auto_backend_on_cpu_is_the_compiled_kernel():
+    assert get_attention_backend("auto", "cpu").name == "cpu"
+    assert get_attention_backend("torch").name == "torch"

@@ -31,6 +31,7 @@ class AttentionMetadata:
     query_start: list[int] = field(init=False)
     _slots: dict | None = field(default=None, init=False, repr=False)
     _decode_groups: object = field(default=None, init=False, repr=False)
+    _decode_rows: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         starts = [0]
@@ -48,6 +49,14 @@ class AttentionMetadata:
         if self._decode_groups is _UNSET or self._decode_groups[0] != group_size:
             self._decode_groups = (group_size, decode_groups(self, group_size))
         return self._decode_groups[1]
+
+    def decode_rows(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Query rows of the step's decode tokens, their block tables and context lengths (for decode kernels)."""
+        if self._decode_rows is None:
+            idx = [i for i, n in enumerate(self.query_lens) if n == 1]
+            self._decode_rows = ([self.query_start[i] for i in idx], self.block_tables[idx],
+                                 torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64))
+        return self._decode_rows
 
     def context_slots(self, i: int) -> torch.Tensor:
         """Flat slots of positions 0..seq_lens[i]-1 of sequence i (computed once per step, shared by layers)."""
@@ -258,12 +267,39 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return set(rows)
 
 
+class CpuAttentionBackend(TorchAttentionBackend):
+    """Decode through the compiled CPU PagedAttention kernel (numba); prefill chunks through the torch path.
+
+    The kernel reads K/V in place through the block tables, like the Triton kernel on a GPU; torch can only
+    gather a copy first. Falls back to the torch groups where the kernel does not apply (non-fp32 KV)."""
+
+    name = "cpu"
+
+    def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
+        from minillm.kernels.cpu_paged_attention import paged_attention_decode_cpu
+        if q.dtype != torch.float32 or cache.k.dtype != torch.float32 or q.device.type != "cpu":
+            return super()._decode(q, out, meta, cache, layer, scale)
+        rows, tables, lens = meta.decode_rows()
+        if not rows:
+            return set()
+        k_slots, v_slots = cache.layer_slots(layer)
+        out[rows] = paged_attention_decode_cpu(q[rows], k_slots, v_slots, tables, lens, meta.block_size, scale)
+        return set(rows)
+
+
 def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
-    """'auto' = the Triton kernel on CUDA, the torch reference on CPU (the interpreter is far too slow to serve)."""
+    """'auto' = the Triton kernel on CUDA; on CPU the compiled CPU kernel when numba is installed, else the torch
+    reference (Triton's interpreter is far too slow to serve)."""
     if name == "auto":
-        name = "triton" if torch.device(device).type == "cuda" else "torch"
+        if torch.device(device).type == "cuda":
+            name = "triton"
+        else:
+            from minillm.kernels.cpu_paged_attention import cpu_kernel_available
+            name = "cpu" if cpu_kernel_available() else "torch"
     if name == "torch":
         return TorchAttentionBackend()
+    if name == "cpu":
+        return CpuAttentionBackend()
     if name == "triton":
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}: use 'torch', 'triton' or 'auto'")
+    raise ValueError(f"unknown attention backend {name!r}: use 'torch', 'cpu', 'triton' or 'auto'")

@@ -1,0 +1,92 @@
+"""PagedAttention decode on the CPU: the Triton kernel's algorithm, compiled with numba.
+
+Torch on a CPU can only attend over paged KV by gathering each sequence's blocks into a contiguous copy
+first (index_select), then reading that copy back in a matmul: three passes over the KV bytes plus a
+dozen op dispatches per sequence and layer. Decode is bandwidth-bound, so this kernel does what the GPU
+kernel does instead: one task per (sequence, kv head) walks the block table and reads every K and V row
+exactly once, in place.
+
+Per task: scores for the group's G query heads against the L keys (K pass), a softmax per head, then the
+weighted sum of V rows (V pass). numba compiles it to native code with a parallel loop over tasks.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+try:
+    # numba's own OpenMP/TBB layers would start a second thread runtime beside torch's; its work queue
+    # is enough for one caller at a time (the model runner).
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+    import numba
+    from numba import prange
+except ImportError:  # optional: without it the torch reference path runs
+    numba = None
+
+
+def cpu_kernel_available() -> bool:
+    return numba is not None
+
+
+if numba is not None:
+    @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+    def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):  # pragma: no cover
+        # q: [S, H, D]; k/v_cache: [KVH, num_slots, D]; block_tables: [S, max_blocks]; out: [S, H, D]
+        num_seqs, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[0]
+        group = num_heads // num_kv_heads
+        for task in prange(num_seqs * num_kv_heads):
+            s = task // num_kv_heads
+            h = task % num_kv_heads
+            length = seq_lens[s]
+            num_blocks = (length + block_size - 1) // block_size
+            qg = q[s, h * group:(h + 1) * group] * scale                 # [G, D], scaled once
+            scores = np.empty((group, length), dtype=np.float32)
+            kh = k_cache[h]
+            for b in range(num_blocks):                                  # K pass: walk the block table
+                base = block_tables[s, b] * block_size
+                t0 = b * block_size
+                for j in range(min(block_size, length - t0)):
+                    krow = kh[base + j]
+                    for g in range(group):
+                        qrow = qg[g]
+                        dot = np.float32(0.0)
+                        for d in range(head_dim):
+                            dot += qrow[d] * krow[d]
+                        scores[g, t0 + j] = dot
+            for g in range(group):                                       # softmax per query head
+                row = scores[g]
+                row -= row.max()
+                np.exp(row, row)
+                row *= np.float32(1.0) / row.sum()
+            vh = v_cache[h]
+            for g in range(group):                                       # V pass, one head at a time so the
+                acc = np.zeros(head_dim, dtype=np.float32)              # accumulator stays in registers
+                srow = scores[g]
+                for b in range(num_blocks):
+                    base = block_tables[s, b] * block_size
+                    t0 = b * block_size
+                    for j in range(min(block_size, length - t0)):
+                        p = srow[t0 + j]
+                        vrow = vh[base + j]
+                        for d in range(head_dim):
+                            acc[d] += p * vrow[d]
+                out[s, h * group + g] = acc
+
+
+def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                               scale: float) -> torch.Tensor:
+    """One query token per sequence. q: [S, H, D] fp32; k/v_slots: a layer's physical pool [KVH, slots, D];
+    block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1). Returns [S, H, D]."""
+    if numba is None:
+        raise RuntimeError("the CPU paged-attention kernel needs numba: pip install numba")
+    if q.dtype != torch.float32 or k_slots.dtype != torch.float32:
+        raise TypeError(f"the CPU kernel runs in float32 (got q {q.dtype}, kv {k_slots.dtype})")
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    out = torch.empty_like(q)
+    _paged_decode(q.contiguous().numpy(), k_slots.numpy(), v_slots.numpy(), block_tables.contiguous().numpy(),
+                  seq_lens.contiguous().numpy(), block_size, np.float32(scale), out.numpy())
+    return out
