@@ -37,7 +37,7 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
         """K and V, every layer: 2 * layers * kv_heads * head_dim * bytes."""
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 

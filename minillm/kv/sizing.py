@@ -8,8 +8,7 @@ from minillm.models.catalog import model_shape
 def kv_cache_bytes(config: ModelConfig | str, tokens: int, dtype_bytes: float = 2) -> float:
     """Bytes of K and V for `tokens` cached tokens (summed over sequences):
     2 (K and V) x layers x kv_heads x head_dim x dtype_bytes x tokens."""
-    cfg = model_shape(config)
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes * tokens
+    return model_shape(config).kv_bytes_per_token(dtype_bytes) * tokens
 
 
 def kv_tokens_that_fit(config: ModelConfig | str, budget_bytes: float, dtype_bytes: float = 2) -> int:

@@ -7,6 +7,7 @@ whatever context is already cached), decode tokens all at once.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,7 +31,7 @@ class AttentionMetadata:
     block_size: int
     query_start: list[int] = field(init=False)
     _slots: dict | None = field(default=None, init=False, repr=False)
-    _decode_groups: object = field(default=None, init=False, repr=False)
+    _decode_groups: tuple | None = field(default=None, init=False, repr=False)
     _decode_rows: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,7 +39,6 @@ class AttentionMetadata:
         for n in self.query_lens:
             starts.append(starts[-1] + n)
         self.query_start = starts
-        self._decode_groups = _UNSET
 
     @property
     def num_seqs(self) -> int:
@@ -46,7 +46,7 @@ class AttentionMetadata:
 
     def decode_groups(self, group_size: int) -> list["DecodeGroup"]:
         """The step's decode rows (one query token each) in length-sorted groups, built once, shared by layers."""
-        if self._decode_groups is _UNSET or self._decode_groups[0] != group_size:
+        if self._decode_groups is None or self._decode_groups[0] != group_size:
             self._decode_groups = (group_size, decode_groups(self, group_size))
         return self._decode_groups[1]
 
@@ -55,7 +55,8 @@ class AttentionMetadata:
         if self._decode_rows is None:
             idx = [i for i, n in enumerate(self.query_lens) if n == 1]
             self._decode_rows = ([self.query_start[i] for i in idx], self.block_tables[idx],
-                                 torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64))
+                                 torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64,
+                                              device=self.block_tables.device))
         return self._decode_rows
 
     def context_slots(self, i: int) -> torch.Tensor:
@@ -66,9 +67,6 @@ class AttentionMetadata:
             pos = torch.arange(self.seq_lens[i], device=self.block_tables.device)
             self._slots[i] = self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
         return self._slots[i]
-
-
-_UNSET = object()
 
 
 @dataclass
@@ -117,9 +115,7 @@ class Workspace:
         self.buf: torch.Tensor | None = None
 
     def get(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         if self.buf is None or self.buf.numel() < n or self.buf.dtype != like.dtype or self.buf.device != like.device:
             self.buf = torch.empty(n, dtype=like.dtype, device=like.device)
         return self.buf[:n].view(shape)
@@ -256,14 +252,11 @@ class TritonAttentionBackend(TorchAttentionBackend):
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
         from minillm.kernels.triton_paged_attention import paged_attention_decode_triton
         decode = self.decode_fn or paged_attention_decode_triton
-        idx = [i for i, n in enumerate(meta.query_lens) if n == 1]
-        if not idx:
+        rows, tables, lens = meta.decode_rows()
+        if not rows:
             return set()
-        rows = [meta.query_start[i] for i in idx]
-        tables = meta.block_tables[idx].to(torch.int32)
-        lens = torch.tensor([meta.seq_lens[i] for i in idx], dtype=torch.int32, device=q.device)
         k_cache, v_cache = cache.layer(layer)
-        out[rows] = decode(q[rows], k_cache, v_cache, tables, lens, scale)
+        out[rows] = decode(q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
         return set(rows)
 
 
