@@ -1,6 +1,7 @@
 """Paged attention (torch backend and the Triton kernel, interpreted) = dense attention.
 
 Random block tables, ragged lengths, prefill chunks mixed with decodes, GQA ratios, fp32 and bf16."""
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
@@ -100,3 +101,24 @@ def test_cpu_kernel_backend_equals_dense(b):
 def test_auto_backend_on_cpu_is_the_compiled_kernel():
     assert get_attention_backend("auto", "cpu").name == "cpu"
     assert get_attention_backend("torch").name == "torch"
+
+
+def test_cpu_kernel_addresses_rows_in_place():
+    """With rows, the kernel reads each sequence's query from the step's q and writes only that row of out:
+    the prefill rows around it keep what the torch path put there."""
+    from minillm.kernels.cpu_paged_attention import paged_attention_decode_cpu
+    g = torch.Generator().manual_seed(3)
+    kvh, h, d, bs = 2, 6, 16, 4
+    k_slots, v_slots = torch.randn(kvh, 40, d, generator=g), torch.randn(kvh, 40, d, generator=g)
+    tables = torch.tensor([[3, 1, 0], [9, 2, 5]])
+    lens = torch.tensor([11, 6])
+    q = torch.randn(7, h, d, generator=g)
+    rows = torch.tensor([5, 2])
+    out = torch.full_like(q, 7.0)
+    paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, bs, 0.25, rows=rows, out=out)
+    alone = paged_attention_decode_cpu(q[rows], k_slots, v_slots, tables, lens, bs, 0.25)
+    torch.testing.assert_close(out[rows], alone)
+    untouched = [r for r in range(7) if r not in rows.tolist()]
+    assert (out[untouched] == 7.0).all()
+    with pytest.raises(ValueError, match="out must be"):
+        paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, bs, 0.25, rows=rows, out=out[:, :3])

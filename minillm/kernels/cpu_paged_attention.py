@@ -32,17 +32,21 @@ def cpu_kernel_available() -> bool:
 
 if numba is not None:
     @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-    def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):  # pragma: no cover
-        # q: [S, H, D]; k/v_cache: [KVH, num_slots, D]; block_tables: [S, max_blocks]; out: [S, H, D]
-        num_seqs, num_heads, head_dim = q.shape
+    def _paged_decode(q, rows, k_cache, v_cache, block_tables, seq_lens, block_size, scale, out):  # pragma: no cover
+        # q, out: [T, H, D], sequence s reads and writes row rows[s]; k/v_cache: [KVH, num_slots, D];
+        # block_tables: [S, max_blocks]. Rows are addressed in place: gathering and scattering them in torch
+        # costs more than the kernel's own bookkeeping.
+        num_seqs = rows.shape[0]
+        num_heads, head_dim = q.shape[1], q.shape[2]
         num_kv_heads = k_cache.shape[0]
         group = num_heads // num_kv_heads
         for task in prange(num_seqs * num_kv_heads):
             s = task // num_kv_heads
             h = task % num_kv_heads
+            r = rows[s]
             length = seq_lens[s]
             num_blocks = (length + block_size - 1) // block_size
-            qg = q[s, h * group:(h + 1) * group] * scale                 # [G, D], scaled once
+            qg = q[r, h * group:(h + 1) * group] * scale                 # [G, D], scaled once
             scores = np.empty((group, length), dtype=np.float32)
             kh = k_cache[h]
             for b in range(num_blocks):                                  # K pass: walk the block table
@@ -73,20 +77,30 @@ if numba is not None:
                         vrow = vh[base + j]
                         for d in range(head_dim):
                             acc[d] += p * vrow[d]
-                out[s, h * group + g] = acc
+                out[r, h * group + g] = acc
 
 
 def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                               scale: float) -> torch.Tensor:
+                               scale: float, rows: torch.Tensor | None = None,
+                               out: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence. q: [S, H, D] fp32; k/v_slots: a layer's physical pool [KVH, slots, D];
-    block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1). Returns [S, H, D]."""
+    block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1). Returns [S, H, D].
+
+    With rows ([S] int64), q and out are a whole step's [T, H, D] and sequence s owns row rows[s]: the kernel
+    reads its query and writes its output there (the step's prefill rows are left alone)."""
     if numba is None:
         raise RuntimeError("the CPU paged-attention kernel needs numba: pip install numba")
     if q.dtype != torch.float32 or k_slots.dtype != torch.float32:
         raise TypeError(f"the CPU kernel runs in float32 (got q {q.dtype}, kv {k_slots.dtype})")
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    out = torch.empty_like(q)
-    _paged_decode(q.contiguous().numpy(), k_slots.numpy(), v_slots.numpy(), block_tables.contiguous().numpy(),
-                  seq_lens.contiguous().numpy(), block_size, np.float32(scale), out.numpy())
+    if rows is None:
+        rows = torch.arange(q.shape[0])
+    if out is None:
+        out = torch.empty_like(q)
+    if not (out.is_contiguous() and out.shape == q.shape and out.dtype == q.dtype):
+        raise ValueError(f"out must be a contiguous {q.dtype} tensor shaped like q {tuple(q.shape)}")
+    _paged_decode(q.contiguous().numpy(), rows.contiguous().numpy(), k_slots.numpy(), v_slots.numpy(),
+                  block_tables.contiguous().numpy(), seq_lens.contiguous().numpy(), block_size, np.float32(scale),
+                  out.numpy())
     return out

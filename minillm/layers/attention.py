@@ -33,6 +33,7 @@ class AttentionMetadata:
     _slots: dict | None = field(default=None, init=False, repr=False)
     _decode_groups: tuple | None = field(default=None, init=False, repr=False)
     _decode_rows: tuple | None = field(default=None, init=False, repr=False)
+    _memo: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         starts = [0]
@@ -58,6 +59,16 @@ class AttentionMetadata:
                                  torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64,
                                               device=self.block_tables.device))
         return self._decode_rows
+
+    def decode_row_index(self) -> torch.Tensor:
+        """decode_rows()'s query rows as an int64 tensor (kernels that address q and out in place take it)."""
+        return self.memo("decode_row_index", lambda: torch.tensor(self.decode_rows()[0], dtype=torch.int64))
+
+    def memo(self, key, build: Callable):
+        """A value derived from this step's batch, built by the first layer that asks and reused by the rest."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def context_slots(self, i: int) -> torch.Tensor:
         """Flat slots of positions 0..seq_lens[i]-1 of sequence i (computed once per step, shared by layers)."""
@@ -210,11 +221,11 @@ class TorchAttentionBackend:
         self.write_kv(k, v, k_slots, v_slots, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = self._decode(q, out, meta, cache, layer, scale)
-        qs = q * scale  # scale once per layer, not once per sequence
-        for i in range(meta.num_seqs):
+        # Which sequences the decode path left to the per-sequence loop is the same in every layer of a step.
+        rest = meta.memo(("rest", self.name, self.decode_group_size), lambda: [
+            i for i in range(meta.num_seqs) if meta.query_start[i] not in decode_rows])
+        for i in rest:
             a, b = meta.query_start[i], meta.query_start[i + 1]
-            if a in decode_rows:
-                continue
             if meta.seq_lens[i] == b - a:  # nothing cached before this chunk: use the fresh K/V directly
                 ki, vi = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
             else:
@@ -224,7 +235,7 @@ class TorchAttentionBackend:
             if self.attend_fn is not None:
                 out[a:b] = self.attend_fn(q[a:b], ki.transpose(0, 1), vi.transpose(0, 1), scale)
             else:
-                gqa_attend(qs[a:b], ki, vi, 1.0, out=out[a:b])
+                gqa_attend(q[a:b] * scale, ki, vi, 1.0, out=out[a:b])
         return out
 
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
@@ -236,7 +247,8 @@ class TorchAttentionBackend:
         k_slots, v_slots = cache.layer_slots(layer)
         for g in groups:
             out[g.rows] = paged_decode_attend(q[g.rows], k_slots, v_slots, g, scale, self._k_ws, self._v_ws)
-        return {meta.query_start[i] for g in groups for i in g.seq_idx}
+        return meta.memo(("group_rows", self.decode_group_size),
+                         lambda: {meta.query_start[i] for g in groups for i in g.seq_idx})
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -257,7 +269,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             return set()
         k_cache, v_cache = cache.layer(layer)
         out[rows] = decode(q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
-        return set(rows)
+        return meta.memo("decode_row_set", lambda: set(rows))
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -276,8 +288,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if not rows:
             return set()
         k_slots, v_slots = cache.layer_slots(layer)
-        out[rows] = paged_attention_decode_cpu(q[rows], k_slots, v_slots, tables, lens, meta.block_size, scale)
-        return set(rows)
+        paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, meta.block_size, scale,
+                                   rows=meta.decode_row_index(), out=out)
+        return meta.memo("decode_row_set", lambda: set(rows))
 
 
 def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):

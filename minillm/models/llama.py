@@ -38,9 +38,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         c = self.cfg
-        q, k, v = self.qkv_proj(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = apply_rotary(q.view(-1, c.num_heads, c.head_dim), ctx.cos, ctx.sin)
-        k = apply_rotary(k.view(-1, c.num_kv_heads, c.head_dim), ctx.cos, ctx.sin)
+        qk, v = self.qkv_proj(x).split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+        # Q and K heads side by side take one rotation (half the small ops of rotating them apart).
+        qk = apply_rotary(qk.view(-1, c.num_heads + c.num_kv_heads, c.head_dim), ctx.cos, ctx.sin)
+        q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         v = v.view(-1, c.num_kv_heads, c.head_dim)
         o = ctx.backend.forward(self.layer, q, k, v, ctx.meta, ctx.cache, self.scale)
         return self.o_proj(o.reshape(-1, c.q_size))
