@@ -28,13 +28,14 @@ demo: $(STAMP)
 	$(VENV)/bin/minillm demo
 
 # Two pytest workers with one torch thread each use both cores better than one worker with two threads
-# (tests check behaviour, not speed; notebooks executed by the tests inherit the setting).
+# (tests check behaviour, not speed; notebooks executed by the tests inherit the setting). worksteal: an idle
+# worker takes queued tests from a busy one, so the long notebook runs overlap instead of queueing on one worker.
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --durations=15
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 test-fast: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 bench: $(STAMP)
 	$(VENV)/bin/minillm bench decode

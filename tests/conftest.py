@@ -20,3 +20,9 @@ def smollm():
     """The real SmolLM2 model, loaded once per test session (fp32)."""
     from minillm.loading.loader import load_model
     return load_model("default", "float32")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests (notebook executions, the real model) first: with xdist the long ones then overlap instead of
+    leaving one worker to finish the tail alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
