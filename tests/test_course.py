@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -30,6 +29,16 @@ TIME_BUDGET_S = 180
 
 def graded(nb):
     return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def run_seconds(nb) -> float:
+    """First cell's start to last cell's reply, from the timings nbclient records in each executed cell
+    (kernel start-up and nbgrader's own work are not the learner's wait)."""
+    from datetime import datetime
+    times = [c.metadata["execution"] for c in nb.cells if c.cell_type == "code"]
+    start = datetime.fromisoformat(times[0]["iopub.execute_input"].replace("Z", "+00:00"))
+    end = datetime.fromisoformat(times[-1]["shell.execute_reply"].replace("Z", "+00:00"))
+    return (end - start).total_seconds()
 
 
 def course_copy(dest: Path, lab: str) -> Path:
@@ -122,19 +131,18 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
         dest = course / "submitted" / student / lab
         dest.mkdir(parents=True)
         shutil.copy(src / f"{lab}.ipynb", dest / f"{lab}.ipynb")
-    # The solution is autograded on its own and timed: nbgrader executes it top to bottom, which is also the
-    # learner's run (errors anywhere, unexecuted cells and the lab's time budget are checked on that copy).
-    t0 = time.perf_counter()
+    # The solution is autograded on its own: nbgrader executes it top to bottom, which is also the learner's
+    # run (errors anywhere, unexecuted cells and the lab's time budget are checked on that copy).
     bn.nbgrader(["autograde", lab, "--force", "--student", "solution"], course, state, timeout=1800)
-    elapsed = time.perf_counter() - t0
     bn.nbgrader(["autograde", lab, "--force", "--student", "blank"], course, state, timeout=1800)
     ran = nbformat.read(course / "autograded" / "solution" / lab / f"{lab}.ipynb", as_version=4)
     errors = [(i, o.ename, o.evalue) for i, c in enumerate(ran.cells) if c.cell_type == "code"
               for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors
     assert all(c.execution_count for c in ran.cells if c.cell_type == "code")
-    assert elapsed < TIME_BUDGET_S, f"{lab} took {elapsed:.0f} s to autograde (budget {TIME_BUDGET_S} s)"
-    print(f"{lab}: solution autograded in {elapsed:.0f} s")
+    elapsed = run_seconds(ran)
+    assert elapsed < TIME_BUDGET_S, f"{lab} took {elapsed:.0f} s top to bottom (budget {TIME_BUDGET_S} s)"
+    print(f"{lab}: {elapsed:.0f} s top to bottom")
     with Gradebook(f"sqlite:///{state / 'gradebook.db'}") as gb:
         max_score = gb.find_assignment(lab).max_score
         solution = gb.find_submission(lab, "solution").score
