@@ -30,9 +30,6 @@ class AttentionMetadata:
     block_tables: torch.Tensor          # [S, max_blocks] int64 (padded with 0)
     block_size: int
     query_start: list[int] = field(init=False)
-    _slots: dict | None = field(default=None, init=False, repr=False)
-    _decode_groups: tuple | None = field(default=None, init=False, repr=False)
-    _decode_rows: tuple | None = field(default=None, init=False, repr=False)
     _memo: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -45,39 +42,35 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.query_lens)
 
-    def decode_groups(self, group_size: int) -> list["DecodeGroup"]:
-        """The step's decode rows (one query token each) in length-sorted groups, built once, shared by layers."""
-        if self._decode_groups is None or self._decode_groups[0] != group_size:
-            self._decode_groups = (group_size, decode_groups(self, group_size))
-        return self._decode_groups[1]
-
-    def decode_rows(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Query rows of the step's decode tokens, their block tables and context lengths (for decode kernels)."""
-        if self._decode_rows is None:
-            idx = [i for i, n in enumerate(self.query_lens) if n == 1]
-            self._decode_rows = ([self.query_start[i] for i in idx], self.block_tables[idx],
-                                 torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64,
-                                              device=self.block_tables.device))
-        return self._decode_rows
-
-    def decode_row_index(self) -> torch.Tensor:
-        """decode_rows()'s query rows as an int64 tensor (kernels that address q and out in place take it)."""
-        return self.memo("decode_row_index", lambda: torch.tensor(self.decode_rows()[0], dtype=torch.int64))
-
     def memo(self, key, build: Callable):
         """A value derived from this step's batch, built by the first layer that asks and reused by the rest."""
         if key not in self._memo:
             self._memo[key] = build()
         return self._memo[key]
 
+    def decode_groups(self, group_size: int) -> list["DecodeGroup"]:
+        """The step's decode rows (one query token each) in length-sorted groups."""
+        return self.memo(("decode_groups", group_size), lambda: decode_groups(self, group_size))
+
+    def decode_rows(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Query rows of the step's decode tokens, their block tables and context lengths (for decode kernels)."""
+        def build():
+            idx = [i for i, n in enumerate(self.query_lens) if n == 1]
+            return ([self.query_start[i] for i in idx], self.block_tables[idx],
+                    torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64, device=self.block_tables.device))
+        return self.memo("decode_rows", build)
+
+    def decode_row_index(self) -> torch.Tensor:
+        """decode_rows()'s query rows as an int64 tensor (kernels that address q and out in place take it)."""
+        return self.memo("decode_row_index", lambda: torch.tensor(
+            self.decode_rows()[0], dtype=torch.int64, device=self.block_tables.device))
+
     def context_slots(self, i: int) -> torch.Tensor:
-        """Flat slots of positions 0..seq_lens[i]-1 of sequence i (computed once per step, shared by layers)."""
-        if self._slots is None:
-            self._slots = {}
-        if i not in self._slots:
+        """Flat slots of positions 0..seq_lens[i]-1 of sequence i."""
+        def build():
             pos = torch.arange(self.seq_lens[i], device=self.block_tables.device)
-            self._slots[i] = self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
-        return self._slots[i]
+            return self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
+        return self.memo(("context_slots", i), build)
 
 
 @dataclass
@@ -221,11 +214,10 @@ class TorchAttentionBackend:
         self.write_kv(k, v, k_slots, v_slots, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = self._decode(q, out, meta, cache, layer, scale)
-        # Which sequences the decode path left to the per-sequence loop is the same in every layer of a step.
-        rest = meta.memo(("rest", self.name, self.decode_group_size), lambda: [
-            i for i in range(meta.num_seqs) if meta.query_start[i] not in decode_rows])
-        for i in rest:
+        for i in range(meta.num_seqs):
             a, b = meta.query_start[i], meta.query_start[i + 1]
+            if a in decode_rows:
+                continue
             if meta.seq_lens[i] == b - a:  # nothing cached before this chunk: use the fresh K/V directly
                 ki, vi = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
             else:
@@ -247,8 +239,7 @@ class TorchAttentionBackend:
         k_slots, v_slots = cache.layer_slots(layer)
         for g in groups:
             out[g.rows] = paged_decode_attend(q[g.rows], k_slots, v_slots, g, scale, self._k_ws, self._v_ws)
-        return meta.memo(("group_rows", self.decode_group_size),
-                         lambda: {meta.query_start[i] for g in groups for i in g.seq_idx})
+        return {meta.query_start[i] for g in groups for i in g.seq_idx}
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -269,7 +260,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             return set()
         k_cache, v_cache = cache.layer(layer)
         out[rows] = decode(q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
-        return meta.memo("decode_row_set", lambda: set(rows))
+        return set(rows)
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -290,7 +281,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         k_slots, v_slots = cache.layer_slots(layer)
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, meta.block_size, scale,
                                    rows=meta.decode_row_index(), out=out)
-        return meta.memo("decode_row_set", lambda: set(rows))
+        return set(rows)
 
 
 def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
