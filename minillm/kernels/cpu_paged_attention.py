@@ -1,4 +1,8 @@
-"""PagedAttention decode on the CPU: the Triton kernel's algorithm, compiled with numba.
+"""PagedAttention decode on the CPU: the Triton kernel's algorithm, compiled ahead of the first call.
+
+Two builds of it: C with 8-float vectors (csrc/paged_decode.c, one pass with online softmax; see
+cpu_native.py), used whenever a C compiler is present, and the numba kernel below (two passes), used
+otherwise and for shapes the C kernel does not take (head_dim not a multiple of 8).
 
 Torch on a CPU can only attend over paged KV by gathering each sequence's blocks into a contiguous copy
 first (index_select), then reading that copy back in a matmul: three passes over the KV bytes plus a
@@ -27,7 +31,8 @@ except ImportError:  # optional: without it the torch reference path runs
 
 
 def cpu_kernel_available() -> bool:
-    return numba is not None
+    from minillm.kernels import cpu_native
+    return numba is not None or cpu_native.load() is not None
 
 
 if numba is not None:
@@ -83,24 +88,50 @@ if numba is not None:
 def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                                scale: float, rows: torch.Tensor | None = None,
-                               out: torch.Tensor | None = None) -> torch.Tensor:
-    """One query token per sequence. q: [S, H, D] fp32; k/v_slots: a layer's physical pool [KVH, slots, D];
-    block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1). Returns [S, H, D].
+                               out: torch.Tensor | None = None, impl: str = "auto",
+                               check: bool = True) -> torch.Tensor:
+    """One query token per sequence. q: [S, H, D] fp32 (any row/head strides); k/v_slots: a layer's physical
+    pool [KVH, slots, D]; block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1).
+    Returns [S, H, D].
 
     With rows ([S] int64), q and out are a whole step's [T, H, D] and sequence s owns row rows[s]: the kernel
-    reads its query and writes its output there (the step's prefill rows are left alone)."""
-    if numba is None:
-        raise RuntimeError("the CPU paged-attention kernel needs numba: pip install numba")
+    reads its query and writes its output there (the step's prefill rows are left alone).
+    impl: "auto" (C when built, else numba), "c" or "numba". check=False skips the block-table bounds check
+    (for callers that ran check_tables once for all layers of a step)."""
+    from minillm.kernels import cpu_native
     if q.dtype != torch.float32 or k_slots.dtype != torch.float32:
         raise TypeError(f"the CPU kernel runs in float32 (got q {q.dtype}, kv {k_slots.dtype})")
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     if rows is None:
         rows = torch.arange(q.shape[0])
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype)
     if not (out.is_contiguous() and out.shape == q.shape and out.dtype == q.dtype):
         raise ValueError(f"out must be a contiguous {q.dtype} tensor shaped like q {tuple(q.shape)}")
+    if check:
+        check_tables(block_tables, seq_lens, block_size, k_slots.shape[1])
+    use_c = impl == "c" or (impl == "auto" and cpu_native.supports(q, out, k_slots))
+    if use_c:
+        if not cpu_native.supports(q, out, k_slots):
+            raise RuntimeError("the C kernel is not built or does not take this shape (head_dim % 8 != 0)")
+        cpu_native.paged_decode(q, rows, k_slots.contiguous(), v_slots.contiguous(), block_tables, seq_lens,
+                                block_size, scale, out)
+        return out
+    if numba is None:
+        raise RuntimeError("the CPU paged-attention kernel needs numba or a C compiler: pip install numba")
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     _paged_decode(q.contiguous().numpy(), rows.contiguous().numpy(), k_slots.numpy(), v_slots.numpy(),
                   block_tables.contiguous().numpy(), seq_lens.contiguous().numpy(), block_size, np.float32(scale),
                   out.numpy())
     return out
+
+
+def check_tables(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, num_slots: int) -> None:
+    """Compiled kernels do not bounds-check: a table pointing outside the pool would read foreign memory."""
+    if seq_lens.numel() == 0:
+        return
+    if int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_tables.shape[1] * block_size:
+        raise ValueError(f"seq_lens must be in 1..{block_tables.shape[1] * block_size} (block table width x "
+                         f"block_size), got {seq_lens.tolist()}")
+    if int(block_tables.min()) < 0 or int(block_tables.max()) >= num_slots // block_size:
+        raise ValueError(f"block table entries must index the pool's {num_slots // block_size} blocks "
+                         f"(got {int(block_tables.min())}..{int(block_tables.max())})")

@@ -264,7 +264,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """Decode through the compiled CPU PagedAttention kernel (numba); prefill chunks through the torch path.
+    """Decode through the compiled CPU PagedAttention kernel (C, or numba); prefill chunks through the torch path.
 
     The kernel reads K/V in place through the block tables, like the Triton kernel on a GPU; torch can only
     gather a copy first. Falls back to the torch groups where the kernel does not apply (non-fp32 KV)."""
@@ -272,15 +272,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
-        from minillm.kernels.cpu_paged_attention import paged_attention_decode_cpu
+        from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
         if q.dtype != torch.float32 or cache.k.dtype != torch.float32 or q.device.type != "cpu":
             return super()._decode(q, out, meta, cache, layer, scale)
         rows, tables, lens = meta.decode_rows()
         if not rows:
             return set()
         k_slots, v_slots = cache.layer_slots(layer)
+        # every layer of the step reads the same tables: bounds-check them once
+        meta.memo("tables_checked", lambda: check_tables(tables, lens, meta.block_size, k_slots.shape[1]) or True)
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, meta.block_size, scale,
-                                   rows=meta.decode_row_index(), out=out)
+                                   rows=meta.decode_row_index(), out=out, check=False)
         return set(rows)
 
 

@@ -1,0 +1,116 @@
+"""The CPU PagedAttention decode kernels (C and numba builds) = dense attention, read through random block tables.
+
+The backend test in test_attention_backends.py runs whichever build "auto" picks; here both builds are
+checked directly, on shapes the engine's small test models never produce: head_dim 64/128, blocks longer
+than the C kernel's 16-row chunk, scores large enough that the online softmax must rescale, and a query
+that is a strided view (the engine's Q is a slice of the fused QK projection)."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minillm.kernels import cpu_native
+from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
+
+IMPLS = ["c", "numba"]
+
+
+def dense_decode(q, k_slots, v_slots, tables, lens, bs, scale):
+    """Reference: gather each sequence's slots, repeat kv heads, softmax(q k^T) v in float64."""
+    outs = []
+    for s in range(q.shape[0]):
+        pos = torch.arange(int(lens[s]))
+        slots = tables[s, pos // bs] * bs + pos % bs
+        g = q.shape[1] // k_slots.shape[0]
+        k = k_slots[:, slots].double().repeat_interleave(g, 0)            # [H, L, D]
+        v = v_slots[:, slots].double().repeat_interleave(g, 0)
+        p = (torch.einsum("hd,hld->hl", q[s].double(), k) * scale).softmax(-1)
+        outs.append(torch.einsum("hl,hld->hd", p, v))
+    return torch.stack(outs).float()
+
+
+@st.composite
+def decode_batches(draw):
+    kvh, group = draw(st.sampled_from([(1, 1), (2, 3), (3, 3), (1, 8), (4, 2)]))
+    d = draw(st.sampled_from([8, 16, 24, 64, 128]))
+    bs = draw(st.sampled_from([1, 4, 16, 48]))
+    lens = draw(st.lists(st.integers(1, 150), min_size=1, max_size=6))
+    return kvh, group, d, bs, lens, draw(st.sampled_from([0.1, 1.0, 30.0])), draw(st.integers(0, 2**16))
+
+
+def make_batch(kvh, group, d, bs, lens, q_scale, seed, strided=False):
+    g = torch.Generator().manual_seed(seed)
+    width = max(-(-n // bs) for n in lens)
+    num_blocks = len(lens) * width + 3
+    k_slots = torch.randn(kvh, num_blocks * bs, d, generator=g)
+    v_slots = torch.randn(kvh, num_blocks * bs, d, generator=g)
+    tables = torch.randperm(num_blocks, generator=g)[:len(lens) * width].view(len(lens), width)
+    q = torch.randn(len(lens), kvh * group + (kvh if strided else 0), d, generator=g) * q_scale
+    if strided:
+        q = q[:, :kvh * group]          # rows stride past the extra heads, like q inside the fused qk tensor
+    return q, k_slots, v_slots, tables, torch.tensor(lens)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(b=decode_batches(), strided=st.booleans())
+def test_kernel_equals_dense(impl, b, strided):
+    if impl == "c" and cpu_native.load() is None:
+        pytest.skip("no C compiler: the C kernel is not built here")
+    q, k_slots, v_slots, tables, lens = make_batch(*b, strided=strided)
+    bs, scale = b[3], b[2] ** -0.5
+    out = paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, bs, scale, impl=impl)
+    ref = dense_decode(q, k_slots, v_slots, tables, lens, bs, scale)
+    torch.testing.assert_close(out, ref, atol=5e-5, rtol=1e-4)
+
+
+def test_auto_uses_c_where_it_applies_and_numba_elsewhere():
+    if cpu_native.load() is None:
+        pytest.skip("no C compiler")
+    q, k_slots, v_slots, tables, lens = make_batch(2, 2, 12, 4, [5, 9], 1.0, 0)   # head_dim 12: not 8-aligned
+    assert not cpu_native.supports(q, q, k_slots)
+    out = paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, 4, 0.3)   # numba path
+    torch.testing.assert_close(out, dense_decode(q, k_slots, v_slots, tables, lens, 4, 0.3), atol=5e-5, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="head_dim % 8"):
+        paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, 4, 0.3, impl="c")
+
+
+def test_bad_block_tables_are_rejected_before_the_kernel_reads():
+    q, k_slots, v_slots, tables, lens = make_batch(2, 2, 16, 4, [5, 9], 1.0, 0)
+    num_blocks = k_slots.shape[1] // 4
+    for impl in IMPLS:
+        bad = tables.clone()
+        bad[1, 0] = num_blocks                        # one past the pool
+        with pytest.raises(ValueError, match="index the pool"):
+            paged_attention_decode_cpu(q, k_slots, v_slots, bad, lens, 4, 0.3, impl=impl)
+        bad[1, 0] = -1
+        with pytest.raises(ValueError, match="index the pool"):
+            paged_attention_decode_cpu(q, k_slots, v_slots, bad, lens, 4, 0.3, impl=impl)
+        with pytest.raises(ValueError, match="seq_lens must be"):
+            paged_attention_decode_cpu(q, k_slots, v_slots, tables, torch.tensor([5, 999]), 4, 0.3, impl=impl)
+    check_tables(tables, lens, 4, k_slots.shape[1])   # the good ones pass
+
+
+def test_build_reports_a_missing_compiler(tmp_path):
+    with pytest.raises(RuntimeError, match="no C compiler 'no-such-cc'"):
+        cpu_native.build(compiler="no-such-cc", out_dir=tmp_path)
+
+
+def test_build_is_cached_by_content(tmp_path):
+    if cpu_native.load() is None:
+        pytest.skip("no C compiler")
+    first = cpu_native.build(out_dir=tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert cpu_native.build(out_dir=tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]        # no temporary files left behind
+
+
+def test_env_switch_selects_numba(monkeypatch):
+    monkeypatch.setenv("MINILLM_CPU_KERNEL", "numba")
+    cpu_native.load.cache_clear()
+    try:
+        assert cpu_native.load() is None
+        q, k_slots, v_slots, tables, lens = make_batch(1, 2, 16, 4, [7], 1.0, 1)
+        assert not cpu_native.supports(q, q, k_slots)
+    finally:
+        monkeypatch.delenv("MINILLM_CPU_KERNEL")
+        cpu_native.load.cache_clear()
