@@ -74,7 +74,7 @@ def test_auto_uses_c_where_it_applies_and_numba_elsewhere():
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, 4, 0.3, impl="c")
 
 
-def test_bad_block_tables_are_rejected_before_the_kernel_reads():
+def test_bad_tables_and_rows_are_rejected_before_the_kernel_runs():
     q, k_slots, v_slots, tables, lens = make_batch(2, 2, 16, 4, [5, 9], 1.0, 0)
     num_blocks = k_slots.shape[1] // 4
     for impl in IMPLS:
@@ -87,6 +87,11 @@ def test_bad_block_tables_are_rejected_before_the_kernel_reads():
             paged_attention_decode_cpu(q, k_slots, v_slots, bad, lens, 4, 0.3, impl=impl)
         with pytest.raises(ValueError, match="seq_lens must be"):
             paged_attention_decode_cpu(q, k_slots, v_slots, tables, torch.tensor([5, 999]), 4, 0.3, impl=impl)
+        with pytest.raises(ValueError, match="rows must index"):
+            paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, 4, 0.3, rows=torch.tensor([0, 2]),
+                                       impl=impl)
+        with pytest.raises(ValueError, match="one entry per sequence"):
+            paged_attention_decode_cpu(q, k_slots, v_slots, tables[:1], lens, 4, 0.3, impl=impl)
     check_tables(tables, lens, 4, k_slots.shape[1])   # the good ones pass
 
 

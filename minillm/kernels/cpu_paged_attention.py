@@ -109,6 +109,11 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
         raise ValueError(f"out must be a contiguous {q.dtype} tensor shaped like q {tuple(q.shape)}")
     if check:
         check_tables(block_tables, seq_lens, block_size, k_slots.shape[1])
+        if not (rows.shape[0] == seq_lens.shape[0] == block_tables.shape[0]):
+            raise ValueError(f"rows, seq_lens and block_tables must have one entry per sequence (got "
+                             f"{rows.shape[0]}, {seq_lens.shape[0]}, {block_tables.shape[0]})")
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]):
+            raise ValueError(f"rows must index q's {q.shape[0]} rows (got {rows.tolist()})")
     use_c = impl == "c" or (impl == "auto" and cpu_native.supports(q, out, k_slots))
     if use_c:
         if not cpu_native.supports(q, out, k_slots):
