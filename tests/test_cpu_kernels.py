@@ -10,22 +10,16 @@ from hypothesis import given, settings, strategies as st
 
 from minillm.kernels import cpu_native
 from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
+from minillm.kernels.paged_attention_ref import paged_attention_decode_ref
 
 IMPLS = ["c", "numba"]
 
 
 def dense_decode(q, k_slots, v_slots, tables, lens, bs, scale):
-    """Reference: gather each sequence's slots, repeat kv heads, softmax(q k^T) v in float64."""
-    outs = []
-    for s in range(q.shape[0]):
-        pos = torch.arange(int(lens[s]))
-        slots = tables[s, pos // bs] * bs + pos % bs
-        g = q.shape[1] // k_slots.shape[0]
-        k = k_slots[:, slots].double().repeat_interleave(g, 0)            # [H, L, D]
-        v = v_slots[:, slots].double().repeat_interleave(g, 0)
-        p = (torch.einsum("hd,hld->hl", q[s].double(), k) * scale).softmax(-1)
-        outs.append(torch.einsum("hl,hld->hd", p, v))
-    return torch.stack(outs).float()
+    """The project's oracle (gather per sequence, softmax in fp32) on the pool's logical block view."""
+    kvh, slots, d = k_slots.shape
+    blocks = lambda x: x.view(kvh, slots // bs, bs, d).permute(1, 2, 0, 3)   # [num_blocks, bs, KVH, D]
+    return paged_attention_decode_ref(q, blocks(k_slots), blocks(v_slots), tables, lens, scale)
 
 
 @st.composite
@@ -67,7 +61,7 @@ def test_auto_uses_c_where_it_applies_and_numba_elsewhere():
     if cpu_native.load() is None:
         pytest.skip("no C compiler")
     q, k_slots, v_slots, tables, lens = make_batch(2, 2, 12, 4, [5, 9], 1.0, 0)   # head_dim 12: not 8-aligned
-    assert not cpu_native.supports(q, q, k_slots)
+    assert not cpu_native.supports(q, q, k_slots, v_slots)
     out = paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, 4, 0.3)   # numba path
     torch.testing.assert_close(out, dense_decode(q, k_slots, v_slots, tables, lens, 4, 0.3), atol=5e-5, rtol=1e-4)
     with pytest.raises(RuntimeError, match="head_dim % 8"):
@@ -115,7 +109,7 @@ def test_env_switch_selects_numba(monkeypatch):
     try:
         assert cpu_native.load() is None
         q, k_slots, v_slots, tables, lens = make_batch(1, 2, 16, 4, [7], 1.0, 1)
-        assert not cpu_native.supports(q, q, k_slots)
+        assert not cpu_native.supports(q, q, k_slots, v_slots)
     finally:
         monkeypatch.delenv("MINILLM_CPU_KERNEL")
         cpu_native.load.cache_clear()

@@ -89,9 +89,11 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def supports(q: torch.Tensor, out: torch.Tensor, k_slots: torch.Tensor) -> bool:
+def supports(q: torch.Tensor, out: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor) -> bool:
+    """Whether the C kernel is built and takes these operands (d contiguous in q and out, pools contiguous)."""
     lib = load()
-    if lib is None or q.stride(-1) != 1 or out.stride(-1) != 1 or not k_slots.is_contiguous():
+    if (lib is None or q.stride(-1) != 1 or out.stride(-1) != 1 or not k_slots.is_contiguous()
+            or not v_slots.is_contiguous()):
         return False
     return bool(lib.minillm_paged_decode_supports(q.shape[1] // k_slots.shape[0], q.shape[2]))
 

@@ -114,12 +114,11 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
                              f"{rows.shape[0]}, {seq_lens.shape[0]}, {block_tables.shape[0]})")
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]):
             raise ValueError(f"rows must index q's {q.shape[0]} rows (got {rows.tolist()})")
-    use_c = impl == "c" or (impl == "auto" and cpu_native.supports(q, out, k_slots))
+    use_c = impl != "numba" and cpu_native.supports(q, out, k_slots, v_slots)
+    if impl == "c" and not use_c:
+        raise RuntimeError("the C kernel is not built or does not take this shape (head_dim % 8 != 0)")
     if use_c:
-        if not cpu_native.supports(q, out, k_slots):
-            raise RuntimeError("the C kernel is not built or does not take this shape (head_dim % 8 != 0)")
-        cpu_native.paged_decode(q, rows, k_slots.contiguous(), v_slots.contiguous(), block_tables, seq_lens,
-                                block_size, scale, out)
+        cpu_native.paged_decode(q, rows, k_slots, v_slots, block_tables, seq_lens, block_size, scale, out)
         return out
     if numba is None:
         raise RuntimeError("the CPU paged-attention kernel needs numba or a C compiler: pip install numba")

@@ -192,9 +192,9 @@ int minillm_paged_decode_supports(int64_t group, int64_t head_dim) {
 }
 
 /* All S * KVH (sequence, kv head) tasks, spread over an OpenMP team. Loaded into a process that has
-   imported torch, this library's libgomp.so.1 is torch's own, so the team is torch's intra-op pool (sized
+   imported torch, this library's libgomp.so.1 is torch's own, so the team is torch's intra-op pool (its
    threads still spinning from the previous op): no second pool fights it. The caller passes
-   torch.get_num_threads(). */
+   torch.get_num_threads() as num_threads. */
 void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
                           int64_t num_seqs, const float *k, const float *v, const int64_t *block_tables,
                           const int64_t *seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
