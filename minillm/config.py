@@ -1,6 +1,12 @@
-"""Configuration dataclasses. They flow one way: loader -> ModelConfig; user -> EngineConfig."""
+"""Configuration dataclasses. They flow one way: loader -> ModelConfig; user -> EngineConfig.
+
+EngineConfig is the one path every entry point takes (LLM(**kwargs), LLMEngine.from_model, the CLI, the benches,
+the demo), and the dataclass fields below are the one place each default lives. Callers pass flat keyword
+arguments (`block_size=16, max_num_seqs=8`); `EngineConfig.from_kwargs` routes them to the section that owns them.
+"""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,28 +54,100 @@ class ModelConfig:
         return L * per_layer + emb * (1 if self.tie_word_embeddings else 2) + h
 
 
+def parse_bytes(x: int | float | str) -> int:
+    """512MiB, 1GiB, 2e9, 1073741824 -> bytes."""
+    if isinstance(x, (int, float)):
+        return int(x)
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    s = x.strip().lower().replace(" ", "")
+    for u, mult in units.items():
+        if s.endswith(u):
+            return int(float(s[: -len(u)]) * mult)
+    return int(float(s))
+
+
 @dataclass
 class CacheConfig:
     block_size: int = 16
-    # Either a fixed number of blocks or a memory budget the pool is sized from.
+    # The pool holds as many blocks as fit in kv_cache_memory, unless num_blocks fixes the count. The budget is
+    # reserved lazily (the pages of an untouched block are never committed), so a generous default costs nothing.
     num_blocks: int | None = None
-    kv_cache_memory_bytes: int = 512 * 2**20
+    kv_cache_memory: int | str = "2GiB"
     enable_prefix_caching: bool = True
+
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        return parse_bytes(self.kv_cache_memory)
 
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 32
+    max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
 
 
 @dataclass
 class EngineConfig:
-    model: str = "default"
-    dtype: str = "float32"
-    max_model_len: int | None = None
-    attention_backend: str = "auto"  # "torch" | "cpu" | "triton" | "auto"
+    dtype: str = "float32"              # what LLM and the CLI load the weights in
+    max_model_len: int | None = None    # None: the model's context window (capped by the KV pool)
+    attention_backend: str = "auto"     # "torch" | "cpu" | "triton" | "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        """Flat keyword arguments -> an EngineConfig: `block_size=16` goes to .cache, `max_num_seqs=8` to
+        .scheduler. Unknown names raise TypeError listing the valid ones. Omitted names keep the defaults."""
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in sections and k not in ("cache", "scheduler")}
+        parts: dict[str, Any] = {}
+        for name, sub in (("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+            names = {f.name for f in dataclasses.fields(sub)}
+            parts[name] = sub(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
+        if kwargs:
+            raise TypeError(f"unknown engine setting(s) {', '.join(sorted(kwargs))}; valid: "
+                            f"{', '.join(setting_names())}")
+        return cls(**own, **parts)
+
+    def validate(self) -> None:
+        c, s = self.cache, self.scheduler
+
+        def positive(name: str, v: Any) -> None:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive("block_size", c.block_size)
+        positive("max_num_seqs", s.max_num_seqs)
+        positive("max_num_batched_tokens", s.max_num_batched_tokens)
+        if c.num_blocks is not None:
+            positive("num_blocks", c.num_blocks)
+        if self.max_model_len is not None:
+            positive("max_model_len", self.max_model_len)
+        try:
+            budget = c.kv_cache_memory_bytes
+        except ValueError:
+            raise ValueError(f"kv_cache_memory must be bytes or a size like '512MiB' / '2GiB', "
+                             f"got {c.kv_cache_memory!r}") from None
+        if budget <= 0:
+            raise ValueError(f"kv_cache_memory must be positive, got {c.kv_cache_memory!r}")
+        if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
+            raise ValueError(f"unknown attention backend {self.attention_backend!r}: use 'torch', 'cpu', "
+                             "'triton' or 'auto'")
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The flat view from_kwargs takes (for printing and for copies with a change)."""
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("cache", "scheduler")}
+        flat.update(dataclasses.asdict(self.cache))
+        flat.update(dataclasses.asdict(self.scheduler))
+        return flat
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        return EngineConfig.from_kwargs(**{**self.as_kwargs(), **changes})
+
+
+def setting_names() -> list[str]:
+    """Every flat engine setting, in declaration order."""
+    return list(EngineConfig().as_kwargs())

@@ -6,6 +6,7 @@ from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
 
+from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
@@ -16,22 +17,16 @@ from minillm.sampling.params import SamplingParams
 class LLM:
     """Load a model and serve batches of prompts from one paged KV pool.
 
-    kv_cache_memory: the KV pool's budget ("1GiB", "512MiB" or bytes); the pool holds as many blocks as fit.
+    Every keyword is an engine setting (minillm.config.EngineConfig, where each default lives), e.g.
+    `LLM("default", dtype="bfloat16", max_num_seqs=32, block_size=16, kv_cache_memory="1GiB")`; the pool holds
+    as many blocks as fit in kv_cache_memory.
     """
 
-    def __init__(self, model: str = "default", *, dtype: str = "float32", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_memory: int | str = "1GiB",
-                 num_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, attention_backend: str = "auto",
-                 max_model_len: int | None = None) -> None:
-        loaded = load_model(model, dtype)
+    def __init__(self, model: str = "default", **settings) -> None:
+        config = EngineConfig.from_kwargs(**settings)   # validate before the (slow) load
+        loaded = load_model(model, config.dtype)
         self.loaded = loaded
-        self.engine = LLMEngine.from_model(
-            loaded.model, loaded.tokenizer, block_size=block_size, num_blocks=num_blocks,
-            kv_cache_memory_bytes=kv_cache_memory, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
-            enable_chunked_prefill=enable_chunked_prefill, attention_backend=attention_backend,
-            max_model_len=max_model_len)
+        self.engine = LLMEngine(loaded.model, loaded.tokenizer, config)
 
     @property
     def tokenizer(self):

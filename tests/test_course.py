@@ -86,8 +86,8 @@ def test_graded_cells_are_one_line_calls_of_existing_checkers(lab):
     for c in cells:
         meta = c.metadata["nbgrader"]
         assert meta["locked"] and not meta["solution"] and meta["points"] > 0
-        m = re.fullmatch(rf"check_({lab}_\d+)\(\w+\)", c.source.strip())
-        assert m and m.group(1) == meta["grade_id"], c.source
+        m = bn.GRADED_RE.fullmatch(c.source.strip())
+        assert m and m.group("id") == meta["grade_id"] and m.group("lab") == lab, c.source
         assert callable(getattr(checkers, f"check_{meta['grade_id']}", None))
     all_ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
     assert len(all_ids) == len(set(all_ids))

@@ -7,7 +7,8 @@ The .py files are the single source of truth (readable diffs). A cell header car
     # %%                                  plain code (setup, plug-in, measurement): the learner may edit it
     # %% nbgrader="readonly"              locked code or markdown (e.g. the imports of the checkers)
     # %% nbgrader="answer"                the learner's answer: code between ### BEGIN SOLUTION / ### END SOLUTION
-    # %% nbgrader="graded" points=2       a locked graded cell: exactly one line, `check_labNN_K(name)`;
+    # %% nbgrader="graded" points=2       a locked graded cell: exactly one line,
+                                          `from minillm.grading.labNN import check_labNN_K; check_labNN_K(name)`;
                                           its grade_id is labNN_K (taken from the call)
 
 Answer cells get grade_id labNN_K_answer (K from the next graded cell), read-only cells labNN_readonly_I.
@@ -31,7 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_RE = re.compile(r"^lab\d\d$")
-GRADED_RE = re.compile(r"^check_(lab\d\d_\d+)\([A-Za-z_][A-Za-z_0-9.]*\)$")
+# A graded cell imports its checker afresh (an answer cell may have rebound the name) and calls it on the answer.
+GRADED_RE = re.compile(r"^from minillm\.grading\.(?P<lab>lab\d\d) import check_(?P<id>lab\d\d_\d+); "
+                       r"check_(?P=id)\([A-Za-z_][A-Za-z_0-9.]*\)$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 SCHEMA = 3
 
@@ -77,11 +80,11 @@ def build_notebook(py_path: Path):
             line = cell.source.strip()
             m = GRADED_RE.match(line)
             if not m or "\n" in line:
-                raise SourceError(f"{py_path}: graded cell #{idx} must be one line `check_{lab}_K(name)`, "
-                                  f"got {cell.source!r}")
-            if not m.group(1).startswith(lab + "_"):
+                raise SourceError(f"{py_path}: graded cell #{idx} must be one line `from minillm.grading.{lab} import "
+                                  f"check_{lab}_K; check_{lab}_K(name)`, got {cell.source!r}")
+            if m.group("lab") != lab or not m.group("id").startswith(lab + "_"):
                 raise SourceError(f"{py_path}: graded cell calls {m.group(0)!r} but this is {lab}")
-            graded_ids[idx] = m.group(1)
+            graded_ids[idx] = m.group("id")
     if len(set(graded_ids.values())) != len(graded_ids):
         raise SourceError(f"{py_path}: duplicate graded task ids {sorted(graded_ids.values())}")
     if not graded_ids:

@@ -6,19 +6,21 @@ import json
 import torch
 
 from minillm.bench.workload import WorkloadSpec, make_workload
+from minillm.cli_args import engine_config
 
 
 def run(args) -> int:
     from minillm.loading.loader import load_model
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, args.dtype)
+    config = engine_config(args)
+    loaded = load_model(args.model, config.dtype)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
                         max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
     if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):
         raise ValueError("--prompt-lens and --output-lens take MIN MAX with 0 < MIN <= MAX")
     if args.what == "throughput":
-        result = throughput(loaded, spec, args)
+        result = throughput(loaded, spec, args, config)
         if args.plot:
             from minillm.bench.throughput import throughput_plot
             throughput_plot(result, args.plot)
@@ -26,24 +28,23 @@ def run(args) -> int:
     elif args.what == "kv":
         from minillm.bench.kv import kv_bench
         workload = make_workload(loaded.tokenizer, spec)
-        result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=args.block_size,
-                          max_model_len=args.max_model_len,
+        result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
+                          max_model_len=args.reserve_len,
                           bytes_per_token=loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize))
         result["workload"] = spec.as_dict()
         print(json.dumps(result) if args.json else format_kv(result))
     else:
         from minillm.bench.prefix import prefix_bench
-        result = prefix_bench(loaded.model, loaded.tokenizer, block_size=args.block_size)
+        result = prefix_bench(loaded.model, loaded.tokenizer, config)
         print(json.dumps(result) if args.json else "\n".join(f"{k:34s} {v}" for k, v in result.items()))
     return 0
 
 
-def throughput(loaded, spec: WorkloadSpec, args) -> dict:
+def throughput(loaded, spec: WorkloadSpec, args, config) -> dict:
     from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
     workload = make_workload(loaded.tokenizer, spec)
     progress = not args.json
-    mini = run_minillm(loaded.model, loaded.tokenizer, workload, max_num_seqs=args.max_num_seqs,
-                       block_size=args.block_size, progress=progress)
+    mini = run_minillm(loaded.model, loaded.tokenizer, workload, config=config, progress=progress)
     hf = load_hf_peer(loaded.path, loaded.model.dtype)
     pad = loaded.tokenizer.eos_token_id or 0
     by_bs = {}
@@ -55,8 +56,7 @@ def throughput(loaded, spec: WorkloadSpec, args) -> dict:
         "ratio": round(mini.tok_s / by_bs[best_bs], 3), "baseline_best_batch_size": best_bs,
         "baseline_by_batch_size": by_bs, "minillm": mini.summary(), "dtype": str(loaded.model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(), "model": loaded.path.name, "workload": spec.as_dict(),
-        "settings": {"max_num_seqs": args.max_num_seqs, "block_size": args.block_size,
-                     "max_num_batched_tokens": 2048, "greedy": True, "ignore_eos": True},
+        "settings": {**config.as_kwargs(), "greedy": True, "ignore_eos": True},
     }
 
 

@@ -2,7 +2,8 @@
 
 At batch 1 every decode step must stream all weights from memory once, so
     decode time per token >= weight bytes per token / memory bandwidth.
-We measure the bandwidth with a large tensor copy and print the measured time next to that bound."""
+We measure the bandwidth with a large tensor copy and print the measured time (through the engine, one
+request at a time) next to that bound."""
 from __future__ import annotations
 
 import statistics
@@ -11,7 +12,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from minillm.engine.simple import SimpleGenerator
+from minillm.config import EngineConfig
+from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling.params import SamplingParams
 
 
@@ -41,34 +43,48 @@ def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
-def time_prefill(gen: SimpleGenerator, n: int, repeats: int = 3) -> float:
-    vocab = gen.model.cfg.vocab_size
-    ids = torch.randint(100, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-    gen.forward_logits(gen.new_cache(n), ids[:16], 0)  # warm-up
+def _prompt(engine: LLMEngine, n: int) -> list[int]:
+    vocab = engine.model.cfg.vocab_size
+    return torch.randint(100, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def _run(engine: LLMEngine, ids: list[int], max_tokens: int) -> list[float]:
+    """One request alone; the duration of each of its steps (the first is the prefill)."""
+    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     times = []
-    for _ in range(repeats):
-        cache = gen.new_cache(n)
+    while engine.has_unfinished_requests():
         t = time.perf_counter()
-        gen.forward_logits(cache, ids, 0)
+        engine.step()
         times.append(time.perf_counter() - t)
+    return times
+
+
+def time_prefill(engine: LLMEngine, n: int, repeats: int = 3) -> float:
+    """Prompt tokens per second for an n-token prompt (one step computes it whole; prefix cache bypassed)."""
+    if engine.config.scheduler.max_num_batched_tokens < n:
+        raise ValueError(f"a {n}-token prefill needs max_num_batched_tokens >= {n}")
+    _run(engine, _prompt(engine, 16), 1)  # warm-up
+    times = []
+    for r in range(repeats):
+        ids = _prompt(engine, n)
+        ids[0] = 100 + r          # a new first block: nothing of it is in the prefix cache
+        times.append(_run(engine, ids, 1)[0])
     return n / statistics.median(times)
 
 
-def time_decode(gen: SimpleGenerator, steps: int = 64) -> float:
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
-    prompt = gen.tokenizer.encode("The history of the printing press")
-    for _ in gen.stream_ids(prompt, SamplingParams(temperature=0, max_tokens=4)):
-        pass  # warm-up
-    for _ in gen.stream_ids(prompt, params):
-        pass
-    t = gen.last_timing
-    return 1000 * t["decode_s"] / t["decode_steps"]
+def time_decode(engine: LLMEngine, steps: int = 64) -> float:
+    """Milliseconds per decode step of a single request (after a short prompt)."""
+    prompt = _prompt(engine, 32)
+    _run(engine, prompt, 4)  # warm-up
+    return 1000 * statistics.mean(_run(engine, prompt, steps + 1)[1:])
 
 
-def run_decode_bench(loaded, prompt_lens=(128, 512), decode_steps: int = 64) -> DecodeBench:
-    gen = SimpleGenerator(loaded.model, loaded.tokenizer)
-    prefill = {n: time_prefill(gen, n) for n in prompt_lens}
-    decode_ms = time_decode(gen, decode_steps)
+def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(128, 512),
+                     decode_steps: int = 64) -> DecodeBench:
+    config = config if config is not None else EngineConfig()
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+    prefill = {n: time_prefill(engine, n) for n in prompt_lens}
+    decode_ms = time_decode(engine, decode_steps)
     bw = measure_bandwidth()
     wbytes = loaded.model.weight_bytes()
     bound_ms = 1000 * wbytes / bw
@@ -94,3 +110,4 @@ def format_decode_bench(b: DecodeBench) -> str:
 
 def as_dict(b: DecodeBench) -> dict:
     return asdict(b)
+

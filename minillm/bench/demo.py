@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from minillm.bench.decode import format_decode_bench, run_decode_bench
 from minillm.bench.throughput import percentile
-from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.cli_args import engine_config
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
@@ -36,12 +36,11 @@ def run_demo(args) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     t = time.perf_counter()
-    loaded = load_model(args.model, args.dtype)
+    loaded = load_model(args.model, engine_config(args).dtype)
     cfg = loaded.config
     print(f"loaded {loaded.path.name}: {cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, "
           f"{cfg.num_params() / 1e6:.0f}M parameters, {args.dtype}, in {time.perf_counter() - t:.1f} s")
-    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(
-        cache=CacheConfig(block_size=16, kv_cache_memory_bytes="512MiB"), scheduler=SchedulerConfig(max_num_seqs=32)))
+    engine = LLMEngine(loaded.model, loaded.tokenizer, engine_config(args))
 
     _rule("streaming chat (continuous-batching engine, greedy)")
     for q in STREAMED:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
@@ -31,29 +31,28 @@ def _ttft(engine: LLMEngine, ids: list[int]) -> float:
     return time.perf_counter() - t
 
 
-def _engine(model, tokenizer, caching: bool, block_size: int) -> LLMEngine:
-    cfg = EngineConfig(cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes="256MiB",
-                                         enable_prefix_caching=caching), scheduler=SchedulerConfig())
-    e = LLMEngine(model, tokenizer, cfg)
+def _engine(model, tokenizer, config: EngineConfig, caching: bool) -> LLMEngine:
+    e = LLMEngine(model, tokenizer, config.replace(enable_prefix_caching=caching))
     _ttft(e, [5] * 32)               # warm-up, then forget it
     e.block_manager.reset_prefix_cache()
     return e
 
 
-def prefix_bench(model, tokenizer, block_size: int = 16, repeats: int = 2) -> dict:
+def prefix_bench(model, tokenizer, config: EngineConfig | None = None, repeats: int = 2) -> dict:
+    config = config if config is not None else EngineConfig()
     first_turns = [build_prompt_ids(tokenizer, q) for q in QUESTIONS]
     history, conversation = [], []
     for turn in TURNS:
         history.append({"role": "user", "content": turn})
         conversation.append(build_prompt_ids(tokenizer, list(history)))
         history.append({"role": "assistant", "content": REPLY})
-    result = {"block_size": block_size}
+    result = {"block_size": config.cache.block_size}
     for name, prompts in (("system_prompt", first_turns), ("multi_turn", conversation)):
         times = {}
         for caching in (False, True):
             best = None
             for _ in range(repeats):
-                e = _engine(model, tokenizer, caching, block_size)
+                e = _engine(model, tokenizer, config, caching)
                 ts = [_ttft(e, p) for p in prompts]
                 best = ts if best is None else [min(a, b) for a, b in zip(best, ts)]
             times[caching] = best

@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from minillm.bench.workload import Request
-from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling.params import SamplingParams
 
@@ -51,14 +51,10 @@ class EngineRun:
                 "num_steps": self.num_steps, "attention": self.attention}
 
 
-def run_minillm(model, tokenizer, workload: list[Request], *, max_num_seqs: int = 64,
-                max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_memory: str | int = "2GiB",
-                enable_prefix_caching: bool = True, progress: bool = True) -> EngineRun:
-    config = EngineConfig(cache=CacheConfig(block_size=block_size, kv_cache_memory_bytes=kv_cache_memory,
-                                            enable_prefix_caching=enable_prefix_caching),
-                          scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                    max_num_batched_tokens=max_num_batched_tokens))
-    engine = LLMEngine(model, tokenizer, config)
+def run_minillm(model, tokenizer, workload: list[Request], *, config: EngineConfig | None = None,
+                progress: bool = True, **settings) -> EngineRun:
+    """The workload through minillm's engine, all requests arriving at once. `config`, or engine settings."""
+    engine = LLMEngine(model, tokenizer, config if config is not None else EngineConfig.from_kwargs(**settings))
     _warm_up(engine)
     t0 = time.perf_counter()
     for r in workload:

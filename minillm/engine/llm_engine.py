@@ -1,19 +1,21 @@
 """LLMEngine: the step loop. add_request -> step() ... -> outputs; abort at any time.
 
-One step = schedule -> copy-on-write block copies -> one forward pass over every scheduled token ->
-sample the sequences whose computed tokens reached their end -> detokenize, check stops, free the finished.
+One step = schedule (the scheduler reserves KV slots) -> one forward pass over every scheduled token (copy-on-write
+block copies first) -> the scheduler commits what was computed -> sample the sequences whose computed tokens reached
+their end -> detokenize, check stops, free the finished -> tell the step observers.
 """
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Sequence as Seq
+from typing import Callable, Sequence as Seq
 
-from minillm.config import CacheConfig, EngineConfig, SchedulerConfig
+from minillm import interfaces
+from minillm.config import EngineConfig
 from minillm.engine.model_runner import ModelRunner
-from minillm.engine.outputs import CompletionOutput, RequestOutput
+from minillm.engine.outputs import CompletionOutput, RequestOutput, SeqSnapshot, StepInfo
 from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine.sequence import Sequence
 from minillm.engine.simple import eos_token_ids
 from minillm.engine.stream import TextStream
 from minillm.kv.block_manager import BlockManager
@@ -23,56 +25,48 @@ from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, make_generator
 
-
-def parse_bytes(x: int | float | str) -> int:
-    """512MiB, 1GiB, 2e9, 1073741824 -> bytes."""
-    if isinstance(x, (int, float)):
-        return int(x)
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    s = x.strip().lower().replace(" ", "")
-    for u, mult in units.items():
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * mult)
-    return int(float(s))
+# The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
+BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
 
 
 class LLMEngine:
     def __init__(self, model: LlamaModel, tokenizer, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
+        self.config = config if config is not None else EngineConfig()
         self.model, self.tokenizer = model, tokenizer
         cfg, cc = model.cfg, self.config.cache
         per_block = KVCache.bytes_per_block(cfg, cc.block_size, model.dtype)
-        num_blocks = cc.num_blocks or parse_bytes(cc.kv_cache_memory_bytes) // per_block
+        num_blocks = cc.num_blocks or cc.kv_cache_memory_bytes // per_block
         if num_blocks < 1:
-            raise ValueError(f"the KV budget {cc.kv_cache_memory_bytes} bytes holds no block of {per_block} bytes: "
-                             "raise kv_cache_memory_bytes")
-        self.block_manager = BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+            raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
+                             "raise kv_cache_memory")
         self.kv_cache = KVCache(cfg, num_blocks, cc.block_size, dtype=model.dtype)
-        self.backend = get_attention_backend(self.config.attention_backend)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, self.backend)
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager)
-        self.sampler = Sampler()
+        self.runner = ModelRunner(model, self.kv_cache, get_attention_backend(self.config.attention_backend))
+        self.scheduler: interfaces.SchedulerPolicy = Scheduler(
+            self.config.scheduler, BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching))
+        self.sampler: interfaces.Sampler = Sampler()
         # A sequence may never outgrow the context window, nor the whole pool (else it could not run even alone).
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  num_blocks * cc.block_size)
         self.eos_ids = eos_token_ids(tokenizer, cfg)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
+        self._observers: list[interfaces.StepObserver] = []
         self.num_steps = 0
 
     @classmethod
-    def from_model(cls, model: LlamaModel, tokenizer=None, *, block_size: int = 16, num_blocks: int | None = None,
-                   kv_cache_memory_bytes: int | str = 256 * 2**20, max_num_seqs: int = 32,
-                   max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                   enable_chunked_prefill: bool = True, attention_backend: str = "auto",
-                   max_model_len: int | None = None) -> "LLMEngine":
-        cfg = EngineConfig(
-            max_model_len=max_model_len, attention_backend=attention_backend,
-            cache=CacheConfig(block_size=block_size, num_blocks=num_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                              enable_prefix_caching=enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill))
-        return cls(model, tokenizer, cfg)
+    def from_model(cls, model: LlamaModel, tokenizer=None, **settings) -> "LLMEngine":
+        """An engine for an already loaded model; `settings` are EngineConfig's flat names (block_size=...,
+        num_blocks=..., max_num_seqs=...), anything omitted keeps EngineConfig's default."""
+        return cls(model, tokenizer, EngineConfig.from_kwargs(**settings))
+
+    @property
+    def block_manager(self) -> interfaces.BlockManager:
+        """The scheduler's block manager (read-only here: the scheduler alone calls it during a step)."""
+        return self.scheduler.block_manager
+
+    @property
+    def backend(self) -> interfaces.AttentionBackend:
+        return self.runner.backend
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
@@ -126,17 +120,19 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        t0 = time.perf_counter()
+        sch = self.scheduler
+        before = self._queue_snapshot() if self._observers else None
+        sched = sch.schedule()
         if sched.is_empty:
-            if self.scheduler.running or self.scheduler.waiting:
+            if sch.running or sch.waiting:
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next request")
             return []
         self.num_steps += 1
-        seqs, logits = self.runner.execute(sched.scheduled, sched.block_copies)
+        seqs, logits = self.runner.execute(sched)
+        sch.commit(sched)
         now = time.perf_counter()
-        for seq, n in sched.scheduled:
-            seq.num_computed_tokens += n
-            self.block_manager.commit_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        for seq, _ in sched.scheduled:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
         rows, row_seqs = [], []
@@ -151,7 +147,28 @@ class LLMEngine:
         deltas: dict[int, tuple[str, int]] = {}
         for seq, tok in zip(row_seqs, tokens):
             deltas[seq.seq_id] = (self._append_token(seq, tok, now), tok)
-        return [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in row_seqs)]
+        outputs = [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in row_seqs)]
+        if before is not None:
+            info = StepInfo(self.num_steps, sched, *before, time.perf_counter() - t0, outputs)
+            for fn in list(self._observers):
+                fn(info)
+        return outputs
+
+    def _queue_snapshot(self) -> tuple[list[SeqSnapshot], list[SeqSnapshot], int]:
+        sch = self.scheduler
+        snap = [[SeqSnapshot(s, s.num_computed_tokens, s.num_tokens) for s in q] for q in (sch.running, sch.waiting)]
+        return snap[0], snap[1], self.block_manager.num_free_blocks
+
+    def add_step_observer(self, fn: Callable[[StepInfo], None]) -> Callable[[StepInfo], None]:
+        """Call fn(StepInfo) at the end of every step from now on (to watch the engine work without patching
+        it). Returns fn, so it can be used as a decorator; remove_step_observer(fn) stops it."""
+        if not callable(fn):
+            raise TypeError(f"a step observer must be callable, got {type(fn).__name__}")
+        self._observers.append(fn)
+        return fn
+
+    def remove_step_observer(self, fn: Callable[[StepInfo], None]) -> None:
+        self._observers.remove(fn)
 
     def _fork(self, parent: Sequence, k: int) -> Sequence:
         p = parent.params
@@ -161,9 +178,7 @@ class LLMEngine:
         child.num_computed_tokens = parent.num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         child.metrics.num_cached_tokens = parent.metrics.num_cached_tokens
-        child.status = SequenceStatus.RUNNING
-        self.block_manager.fork(parent.seq_id, child.seq_id)
-        self.scheduler.running.append(child)
+        self.scheduler.fork(parent, child)
         self.requests[parent.request_id].append(child)
         return child
 
@@ -194,24 +209,48 @@ class LLMEngine:
                              delta_text=delta_text, delta_token_ids=[] if tok is None else [tok])
 
     # ------------------------------------------------------------------ swapping parts (labs, experiments)
-    def plug(self, *, block_manager: BlockManager | None = None, scheduler: Scheduler | None = None,
-             backend=None) -> None:
+    def plug(self, *, block_manager: interfaces.BlockManager | None = None,
+             scheduler: interfaces.SchedulerPolicy | None = None, backend: interfaces.AttentionBackend | None = None,
+             sampler: interfaces.Sampler | None = None, **block_manager_seams) -> None:
         """Replace a component with another implementation of the same interface (e.g. a learner's).
 
+        block_manager / scheduler / backend / sampler: the component itself. allocator_cls, slot_mapping_fn,
+        hash_fn, prefix_lookup, evictor_cls: a fresh BlockManager for this pool built with those pieces.
         Only while idle: the KV pool's contents are owned by the block manager that wrote them."""
+        unknown = set(block_manager_seams) - set(BLOCK_MANAGER_SEAMS)
+        if unknown:
+            raise TypeError(f"plug() got unknown seam(s) {sorted(unknown)}; it takes block_manager, scheduler, "
+                            f"backend, sampler and the block manager's {', '.join(BLOCK_MANAGER_SEAMS)}")
         if self.has_unfinished_requests():
             raise RuntimeError("plug() needs an idle engine: finish or abort the running requests first")
-        if block_manager is not None:
-            if (block_manager.num_blocks, block_manager.block_size) != (self.kv_cache.num_blocks, self.kv_cache.block_size):
-                raise ValueError(f"the block manager must manage the pool's {self.kv_cache.num_blocks} blocks of "
-                                 f"{self.kv_cache.block_size} tokens")
-            self.block_manager = self.runner.block_manager = block_manager
-            self.scheduler.block_manager = block_manager
+        for obj, protocol, what in ((block_manager, interfaces.BlockManager, "block_manager"),
+                                    (scheduler, interfaces.SchedulerPolicy, "scheduler"),
+                                    (backend, interfaces.AttentionBackend, "backend"),
+                                    (sampler, interfaces.Sampler, "sampler")):
+            if obj is not None and not isinstance(obj, protocol):
+                raise TypeError(f"plug({what}=...): a {type(obj).__name__} lacks "
+                                f"{', '.join(interfaces.missing_members(obj, protocol))} of minillm.interfaces."
+                                f"{protocol.__name__}")
+        if block_manager_seams:
+            if block_manager is not None:
+                raise TypeError("plug() takes either a block_manager or block-manager seams, not both")
+            cc = self.config.cache
+            block_manager = BlockManager(self.kv_cache.num_blocks, cc.block_size, cc.enable_prefix_caching,
+                                         **block_manager_seams)
+        if block_manager is not None and (block_manager.num_blocks, block_manager.block_size) != \
+                (self.kv_cache.num_blocks, self.kv_cache.block_size):
+            raise ValueError(f"the block manager must manage the pool's {self.kv_cache.num_blocks} blocks of "
+                             f"{self.kv_cache.block_size} tokens (got {block_manager.num_blocks} of "
+                             f"{block_manager.block_size})")
         if scheduler is not None:
-            scheduler.block_manager = self.block_manager
+            scheduler.block_manager = block_manager or self.block_manager
             self.scheduler = scheduler
+        elif block_manager is not None:
+            self.scheduler.block_manager = block_manager
         if backend is not None:
-            self.backend = self.runner.backend = backend
+            self.runner.backend = backend
+        if sampler is not None:
+            self.sampler = sampler
 
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict:

@@ -32,3 +32,27 @@ class RequestOutput:
     @property
     def token_ids(self) -> list[int]:
         return self.outputs[0].token_ids
+
+
+@dataclass(frozen=True)
+class SeqSnapshot:
+    """One queued sequence as it stood when a step began."""
+    seq: object                 # the Sequence (it has moved on since: read the numbers below instead)
+    num_computed_tokens: int
+    num_tokens: int
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+
+@dataclass
+class StepInfo:
+    """What a step observer receives at the end of every engine step (engine.add_step_observer)."""
+    step: int                               # 1, 2, ... (LLMEngine.num_steps after this step)
+    scheduler_output: object                # the step's SchedulerOutput: scheduled (seq, n), preempted, ...
+    running_before: list[SeqSnapshot]       # the queues when the step began: running oldest first,
+    waiting_before: list[SeqSnapshot]       # waiting head first
+    num_free_blocks_before: int
+    seconds: float                          # wall time of the whole step (schedule, forward, sample, detokenize)
+    outputs: list[RequestOutput]            # what step() returned

@@ -1,22 +1,26 @@
 """Iteration-level scheduling: every step decides which sequences run and how many tokens each computes.
 
-Policy (FCFS, like vLLM's default):
-1. Running sequences first, oldest first: a decode needs 1 token, an unfinished prompt gets the next chunk.
-   If the pool cannot hold the new tokens, preempt the newest running sequence (free its blocks; it will
-   recompute later) until it can.
-2. Then admit waiting sequences in arrival order while the token budget, max_num_seqs and free blocks allow.
-   Prompts longer than the remaining budget are split (chunked prefill), so long prompts never stall the
+The scheduler is the only component that talks to the block manager during a step: it reserves KV slots for what
+it schedules, hands the model runner the block tables and slot mapping in its SchedulerOutput, records what the
+forward pass computed (commit), forks n > 1 samples and frees finished sequences.
+
+Policy (FCFS, like vLLM's default), in three public steps a subclass may replace (lab04):
+1. schedule_running: running sequences first, oldest first: a decode needs 1 token, an unfinished prompt gets the
+   next chunk. If the pool cannot hold the new tokens, preempt the newest running sequence until it can.
+2. admit_waiting: admit waiting sequences in arrival order while the token budget, max_num_seqs and free blocks
+   allow. Prompts longer than the remaining budget are split (chunked prefill), so long prompts never stall the
    decodes of everyone else. A waiting sequence that does not fit blocks the ones behind it (no overtaking).
-Nothing is admitted in a step that had to preempt: the pool is under pressure.
+   Nothing is admitted in a step that had to preempt: the pool is under pressure.
+3. preempt: recompute-style preemption: free all blocks; the sequence re-enters at the head of the queue.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
+from minillm import interfaces
 from minillm.config import SchedulerConfig
 from minillm.engine.sequence import Sequence, SequenceStatus
-from minillm.kv.block_manager import BlockManager
 
 
 @dataclass
@@ -24,6 +28,9 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)   # (sequence, num_new_tokens)
     block_copies: list[tuple[int, int]] = field(default_factory=list)     # copy-on-write (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
+    # Filled by Scheduler.schedule() after the policy ran: what the model runner needs, per scheduled sequence.
+    block_tables: list[list[int]] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)                 # flat, in scheduled order
 
     @property
     def num_batched_tokens(self) -> int:
@@ -35,7 +42,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: interfaces.BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -63,61 +70,82 @@ class Scheduler:
             self.finish(s)
         return gone
 
-    def preempt(self, seq: Sequence) -> None:
-        """Recompute-style preemption: free all blocks; the sequence re-enters at the head of the queue."""
-        self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
-        seq.status = SequenceStatus.WAITING
-        seq.num_computed_tokens = 0
-        seq.metrics.num_preemptions += 1
-        self.waiting.appendleft(seq)
-
-    # ------------------------------------------------------------------ the policy
+    # ------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        self._schedule_running(out, budget)
-        budget -= out.num_batched_tokens
+        self.schedule_running(out, budget)
         if not out.preempted:
-            self._admit_waiting(out, budget)
+            self.admit_waiting(out, budget - out.num_batched_tokens)
+        bm = self.block_manager
+        for seq, n in out.scheduled:
+            out.block_tables.append(bm.block_table(seq.seq_id))
+            out.slot_mapping += bm.slot_mapping(seq.seq_id, seq.num_computed_tokens, seq.num_computed_tokens + n)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
+    def commit(self, out: SchedulerOutput) -> None:
+        """The forward pass wrote the KV of every scheduled token: advance the sequences and tell the block
+        manager (which registers newly full blocks in the prefix cache)."""
+        for seq, n in out.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.commit_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """An n > 1 sample starts running beside its parent, sharing all of its blocks."""
+        self.block_manager.fork(parent.seq_id, child.seq_id)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    # ------------------------------------------------------------------ the policy
+    def schedule_running(self, out: SchedulerOutput, budget: int) -> None:
+        """Running sequences, oldest first, within `budget` tokens; preempt the newest when the pool is short."""
         bm = self.block_manager
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
-            if not self.config.enable_chunked_prefill and n < seq.num_uncomputed:
-                i += 1
+        chunked = self.config.enable_chunked_prefill
+        for seq in list(self.running):
+            if budget <= 0 or seq not in self.running:    # out of budget, or preempted to make room
+                break
+            left = seq.num_uncomputed
+            if left > budget and not chunked:
                 continue
-            while bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks:
-                victim = self.running[-1]          # newest first: it has the least work to lose
+            n = min(left, budget)
+            target = seq.num_computed_tokens + n
+            while bm.num_blocks_needed(seq.seq_id, target) > bm.num_free_blocks:
+                victim = self.running[-1]                   # newest first: it has the least work to lose
                 self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     return
-            out.block_copies += bm.append_slots(seq.seq_id, seq.num_computed_tokens + n)
+            out.block_copies.extend(bm.append_slots(seq.seq_id, target))
             out.scheduled.append((seq, n))
             budget -= n
-            i += 1
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Waiting sequences in arrival order while budget, max_num_seqs and free blocks allow (no overtaking)."""
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cached = bm.peek_prefix(seq.token_ids)
-            n = min(seq.num_tokens - cached, budget)
-            if not self.config.enable_chunked_prefill and n < seq.num_tokens - cached:
+            left = seq.num_tokens - bm.peek_prefix(seq.token_ids)
+            if left > budget and not self.config.enable_chunked_prefill:
                 return
-            if bm.blocks_to_admit(seq.token_ids, cached + n) > bm.num_free_blocks:
+            n = min(left, budget)
+            if bm.blocks_to_admit(seq.token_ids, seq.num_tokens - left + n) > bm.num_free_blocks:
                 return
             self.waiting.popleft()
-            seq.num_computed_tokens = bm.allocate_prompt(seq.seq_id, seq.token_ids)
+            cached = bm.allocate_prompt(seq.seq_id, seq.token_ids)
             if seq.metrics.first_scheduled_time is None:
-                seq.metrics.num_cached_tokens = seq.num_computed_tokens
-            out.block_copies += bm.append_slots(seq.seq_id, seq.num_computed_tokens + n)
+                seq.metrics.num_cached_tokens = cached
+            seq.num_computed_tokens = cached
+            out.block_copies.extend(bm.append_slots(seq.seq_id, cached + n))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: free all blocks; the sequence re-enters at the head of the queue."""
+        self.block_manager.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.metrics.num_preemptions += 1
+        self.waiting.appendleft(seq)

@@ -1,5 +1,6 @@
 """Graders for the minillm labs: one module per lab (`minillm.grading.labNN`), checkers `check_labNN_K`.
 
-Notebooks import the checkers of their lab, e.g. `from minillm.grading.lab01 import check_lab01_1`.
-The framework (hypothesis settings, readable failures, rejecting minillm's own code) is in `core`."""
-from minillm.grading.core import GradingError, Scorecard, reject_reference, run_property  # noqa: F401
+A graded cell imports its checker afresh and calls it on the answer, e.g.
+    from minillm.grading.lab01 import check_lab01_1; check_lab01_1(attend)
+The framework (tasks, exact-type reads, delegation checks, sealing) is in `core`; fixtures shared with tests/ are
+in `minillm.testing`. This package module stays unsealed: the import system records submodules on it."""

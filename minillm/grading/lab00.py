@@ -1,102 +1,81 @@
 """Checkers for lab00 — anatomy of inference: FLOPs, bytes, arithmetic intensity and the roofline.
 
-Tasks (the notebook documents the same signatures):
+Tasks (the notebook documents the same signatures; minillm's own versions are in minillm/bench/roofline.py):
   lab00_1  linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes)
   lab00_2  model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes)
   lab00_3  roofline_time(flops, nbytes, peak_flops, bandwidth) -> seconds (a lower bound)
 
-The reference formulas below are the specification; each checker compares the learner's function with them on
-examples hypothesis draws (plus hand-picked edge cases) and, when they disagree, recognises the usual mistakes
-to give a precise hint.
+Oracles: the matmul formula, stated once (lab00_1); for a whole model, the shapes of the linear layers of a real
+minillm LlamaModel built on the meta device (no memory) from the config (lab00_2), so the count follows the
+model's code, not a second description of it; max(compute time, memory time) (lab00_3). When the learner's
+answer disagrees, the usual mistakes are recognised to give a precise hint.
 """
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
+import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import diagnose, fail, reject_reference, run_property
+from minillm.config import ModelConfig
+from minillm.grading.core import Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
 
-__all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3"]
+__all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3", "TASKS"]
 
 # SmolLM2-135M's shape, used for hand-picked examples.
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-               num_kv_heads=3, head_dim=64)
+               num_kv_heads=3, head_dim=64, tie_word_embeddings=True)
 
 
-# --------------------------------------------------------------------------- reference formulas (the spec)
+# --------------------------------------------------------------------------- oracles
 
 def linear_flops_bytes_ref(num_tokens, d_in, d_out, dtype_bytes):
     """Y[T, d_out] = X[T, d_in] @ W[d_out, d_in]^T: one multiply + one add per weight per token;
     bytes = read W once + read X + write Y."""
-    flops = 2 * num_tokens * d_in * d_out
-    nbytes = dtype_bytes * (d_in * d_out + num_tokens * d_in + num_tokens * d_out)
-    return flops, nbytes
-
-
-def model_matmuls(cfg, num_tokens, num_logits, *, kv_heads=None, mlp_mats=2, head_tokens=None, fused_qkv=True,
-                  layers=None, q_width=None, with_o_proj=True, with_head=True):
-    """The matmuls of one forward pass, as minillm runs them: [(tokens, d_in, d_out), ...].
-    The keyword arguments build the classic mistakes, for diagnosis."""
-    T, h, i = num_tokens, cfg.hidden_size, cfg.intermediate_size
-    q = cfg.num_heads * cfg.head_dim if q_width is None else q_width
-    kv = (cfg.num_kv_heads if kv_heads is None else kv_heads) * cfg.head_dim
-    qkv = [(T, h, q + 2 * kv)] if fused_qkv else [(T, h, q), (T, h, kv), (T, h, kv)]
-    layer = qkv + ([(T, q, h)] if with_o_proj else []) + [(T, h, mlp_mats * i), (T, i, h)]
-    head = [(num_logits if head_tokens is None else head_tokens, h, cfg.vocab_size)] if with_head else []
-    return layer * (cfg.num_layers if layers is None else layers) + head
-
-
-def _sum_matmuls(matmuls, dtype_bytes):
-    flops = nbytes = 0
-    for t, d_in, d_out in matmuls:
-        f, b = linear_flops_bytes_ref(t, d_in, d_out, dtype_bytes)
-        flops, nbytes = flops + f, nbytes + b
-    return flops, nbytes
+    return 2 * num_tokens * d_in * d_out, dtype_bytes * (d_in * d_out + num_tokens * d_in + num_tokens * d_out)
 
 
 def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
-    return _sum_matmuls(model_matmuls(cfg, num_tokens, num_logits), dtype_bytes)
+    """Sum over the linear layers of a minillm model built from cfg: every decoder matmul sees num_tokens rows,
+    the LM head (the embedding matrix when tied) num_logits rows."""
+    with torch.device("meta"):
+        from minillm.models.llama import LlamaModel
+        model = LlamaModel(cfg)
+    flops = nbytes = 0
+    for layer in model.layers:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                f, b = linear_flops_bytes_ref(num_tokens, m.in_features, m.out_features, dtype_bytes)
+                flops, nbytes = flops + f, nbytes + b
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    f, b = linear_flops_bytes_ref(num_logits, head.shape[1], head.shape[0], dtype_bytes)
+    return flops + f, nbytes + b
 
 
 def roofline_time_ref(flops, nbytes, peak_flops, bandwidth):
-    """Lower bound on the time of a piece of work: it can't compute faster than peak, nor move bytes faster
-    than the bandwidth, and at best the two overlap completely."""
+    """It can't compute faster than peak, nor move bytes faster than the bandwidth; at best both overlap."""
     return max(flops / peak_flops, nbytes / bandwidth)
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- reading answers
 
 def _close(a, b, rel=1e-9):
-    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=1e-12)
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+def _pair(result, fn_name):
+    __tracebackhide__ = True
+    if type(result) not in (tuple, list) or len(result) != 2:
+        fail(f"{fn_name} must return a pair (flops, bytes); it returned {type(result).__name__} {result!r:.80}",
+             "end the function with `return flops, nbytes`.")
+    return as_float(result[0], f"{fn_name}'s flops"), as_float(result[1], f"{fn_name}'s bytes")
 
 
 def _same_pair(a, b):
-    return (isinstance(a, (tuple, list)) and len(a) == 2 and _close(a[0], b[0]) and _close(a[1], b[1]))
-
-
-def _is_number(x):
-    return not isinstance(x, bool) and (isinstance(x, (int, float)) or hasattr(x, "__float__"))
-
-
-def _as_pair(result, fn_name):
-    __tracebackhide__ = True
-    if not isinstance(result, (tuple, list)) or len(result) != 2 or not all(_is_number(x) for x in result):
-        fail(f"{fn_name} must return a pair of numbers (flops, bytes); it returned {result!r}",
-             "end the function with `return flops, nbytes`.")
-    return float(result[0]), float(result[1])
-
-
-def _cfg(**kw):
-    """A ModelConfig-like object with plain attributes (the checkers pass these, the notebook a ModelConfig)."""
-    return SimpleNamespace(**kw)
-
-
-def _describe_cfg(cfg):
-    return ", ".join(f"{k}={getattr(cfg, k)}" for k in
-                     ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                      "num_kv_heads", "head_dim"))
+    try:
+        return type(a) in (tuple, list) and len(a) == 2 and _close(float(a[0]), b[0]) and _close(float(a[1]), b[1])
+    except (TypeError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------- lab00_1
@@ -126,23 +105,19 @@ _LINEAR_MISTAKES = [
 ]
 
 
-def check_lab00_1(linear_flops_bytes):
-    """linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T."""
-    __tracebackhide__ = True
-    reject_reference(linear_flops_bytes, linear_flops_bytes_ref)
-
+def verify_lab00_1(linear_flops_bytes):
     @given(num_tokens=_tokens, d_in=_dims, d_out=_dims, dtype_bytes=_dtype_bytes)
     @example(num_tokens=1, d_in=576, d_out=1536, dtype_bytes=2)
     @example(num_tokens=512, d_in=576, d_out=1536, dtype_bytes=4)
     def prop(num_tokens, d_in, d_out, dtype_bytes):
         args = (num_tokens, d_in, d_out, dtype_bytes)
-        got = _as_pair(linear_flops_bytes(*args), "linear_flops_bytes")
+        got = _pair(linear_flops_bytes(*args), "linear_flops_bytes")
         ref = linear_flops_bytes_ref(*args)
         if _same_pair(got, ref):
             return
         why = diagnose(linear_flops_bytes, _LINEAR_MISTAKES, [args] + _LINEAR_PROBES, _same_pair)
-        assert False, (f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g})"
-                       + (f" — {why}" if why else ""))
+        fail(f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g})"
+             + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=60,
                  hint="FLOPs = 2·T·d_in·d_out; bytes = dtype_bytes·(d_in·d_out + T·d_in + T·d_out): weights "
@@ -154,31 +129,44 @@ def check_lab00_1(linear_flops_bytes):
 @st.composite
 def _configs(draw):
     kv_heads = draw(st.integers(1, 8))
-    group = draw(st.integers(1, 4))
+    heads = kv_heads * draw(st.integers(1, 4))
     head_dim = draw(st.sampled_from([8, 16, 32, 64, 128]))
-    heads = kv_heads * group
+    # hidden need not be heads x head_dim (Gemma-style and some GQA models): wrong answers that assume it, show
     hidden = draw(st.sampled_from([heads * head_dim, 64, 256, 576]))
-    return _cfg(vocab_size=draw(st.integers(100, 60000)), hidden_size=hidden,
-                intermediate_size=draw(st.integers(16, 4096)), num_layers=draw(st.integers(1, 40)),
-                num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    return ModelConfig(vocab_size=draw(st.integers(100, 60000)), hidden_size=hidden,
+                       intermediate_size=draw(st.integers(16, 4096)), num_layers=draw(st.integers(1, 40)),
+                       num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                       tie_word_embeddings=draw(st.booleans()))
 
 
-_MODEL_PROBES = [(_cfg(**SMOLLM2), 1, 1, 4), (_cfg(**SMOLLM2), 64, 2, 2),
-                 (_cfg(vocab_size=1000, hidden_size=96, intermediate_size=200, num_layers=3, num_heads=8,
-                       num_kv_heads=2, head_dim=16), 5, 3, 1)]
+def _matmuls(cfg, T, n, *, kv_heads=None, mlp_mats=2, head_tokens=None, fused_qkv=True, layers=None,
+             q_width=None, with_o_proj=True, with_head=True):
+    """A forward pass's matmuls with one knob turned to a classic mistake (for diagnosis only)."""
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    q = cfg.num_heads * cfg.head_dim if q_width is None else q_width
+    kv = (cfg.num_kv_heads if kv_heads is None else kv_heads) * cfg.head_dim
+    qkv = [(T, h, q + 2 * kv)] if fused_qkv else [(T, h, q), (T, h, kv), (T, h, kv)]
+    layer = qkv + ([(T, q, h)] if with_o_proj else []) + [(T, h, mlp_mats * i), (T, i, h)]
+    head = [(n if head_tokens is None else head_tokens, h, cfg.vocab_size)] if with_head else []
+    return layer * (cfg.num_layers if layers is None else layers) + head
 
 
 def _mistake(**kw):
-    return lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, **kw), b)
+    def wrong(cfg, T, n, b):
+        parts = [linear_flops_bytes_ref(t, i, o, b) for t, i, o in _matmuls(cfg, T, n, **kw)]
+        return sum(f for f, _ in parts), sum(x for _, x in parts)
+    return wrong
 
 
+_MODEL_PROBES = [(ModelConfig(**SMOLLM2), 1, 1, 4), (ModelConfig(**SMOLLM2), 64, 2, 2),
+                 (ModelConfig(vocab_size=1000, hidden_size=96, intermediate_size=200, num_layers=3, num_heads=8,
+                              num_kv_heads=2, head_dim=16), 5, 3, 1)]
 _MODEL_MISTAKES = [
     ("you sized K and V like Q (multi-head attention): with GQA the k/v projections have only "
-     "num_kv_heads·head_dim outputs each",
-     lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, kv_heads=cfg.num_heads), b)),
+     "num_kv_heads·head_dim outputs each", lambda cfg, T, n, b: _mistake(kv_heads=cfg.num_heads)(cfg, T, n, b)),
     ("you counted one decoder layer: multiply by cfg.num_layers", _mistake(layers=1)),
     ("the LM head runs on num_logits tokens only (the engine computes logits for the last prompt token), "
-     "not on all num_tokens", lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, head_tokens=T), b)),
+     "not on all num_tokens", lambda cfg, T, n, b: _mistake(head_tokens=T)(cfg, T, n, b)),
     ("you left out the LM head (hidden_size -> vocab_size on num_logits tokens)", _mistake(with_head=False)),
     ("the MLP has three matrices (gate and up: hidden -> intermediate; down: intermediate -> hidden)",
      _mistake(mlp_mats=1)),
@@ -187,30 +175,28 @@ _MODEL_MISTAKES = [
     ("q, k and v are one fused matmul in minillm: its input activations are read once, not three times",
      _mistake(fused_qkv=False)),
     ("Q has num_heads·head_dim outputs, which need not equal hidden_size",
-     lambda cfg, T, n, b: _sum_matmuls(model_matmuls(cfg, T, n, q_width=cfg.hidden_size), b)),
-    ("you returned (bytes, flops): return (flops, bytes)",
-     lambda cfg, T, n, b: model_flops_bytes_ref(cfg, T, n, b)[::-1]),
+     lambda cfg, T, n, b: _mistake(q_width=cfg.hidden_size)(cfg, T, n, b)),
+    ("you returned (bytes, flops): return (flops, bytes)", lambda cfg, T, n, b: _mistake()(cfg, T, n, b)[::-1]),
 ]
 
 
-def check_lab00_2(model_flops_bytes):
-    """model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass."""
-    __tracebackhide__ = True
-    reject_reference(model_flops_bytes, model_flops_bytes_ref)
-
+def verify_lab00_2(model_flops_bytes):
     @given(cfg=_configs(), num_tokens=st.integers(1, 2048), num_logits=st.integers(1, 8),
            dtype_bytes=_dtype_bytes)
-    @example(cfg=_cfg(**SMOLLM2), num_tokens=1, num_logits=1, dtype_bytes=4)
-    @example(cfg=_cfg(**SMOLLM2), num_tokens=256, num_logits=1, dtype_bytes=2)
+    @example(cfg=ModelConfig(**SMOLLM2), num_tokens=1, num_logits=1, dtype_bytes=4)
+    @example(cfg=ModelConfig(**SMOLLM2), num_tokens=256, num_logits=1, dtype_bytes=2)
+    @example(cfg=ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=300, num_layers=2, num_heads=4,
+                             num_kv_heads=2, head_dim=128), num_tokens=3, num_logits=2, dtype_bytes=2)
     def prop(cfg, num_tokens, num_logits, dtype_bytes):
         args = (cfg, num_tokens, min(num_logits, num_tokens), dtype_bytes)
-        got = _as_pair(model_flops_bytes(*args), "model_flops_bytes")
+        got = _pair(model_flops_bytes(*args), "model_flops_bytes")
         ref = model_flops_bytes_ref(*args)
         if _same_pair(got, ref):
             return
         why = diagnose(model_flops_bytes, _MODEL_MISTAKES, [args] + _MODEL_PROBES, _same_pair)
-        assert False, (f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g}) "
-                       f"for num_tokens={args[1]}, num_logits={args[2]}" + (f" — {why}" if why else ""))
+        fail(f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g}) for num_tokens="
+             f"{args[1]}, num_logits={args[2]}, hidden_size={cfg.hidden_size}, heads {cfg.num_heads} x head_dim "
+             f"{cfg.head_dim}" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=60,
                  hint="sum linear_flops_bytes over every matmul: per layer qkv_proj [hidden -> (H + 2·KVH)·D], "
@@ -238,26 +224,54 @@ _ROOF_MISTAKES = [
 ]
 
 
-def check_lab00_3(roofline_time):
-    """roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take."""
-    __tracebackhide__ = True
-    reject_reference(roofline_time, roofline_time_ref)
-
+def verify_lab00_3(roofline_time):
     @given(flops=_pos, nbytes=_pos, peak_flops=st.floats(1e9, 1e16), bandwidth=st.floats(1e9, 1e13))
     @example(*_ROOF_PROBES[0])
     @example(*_ROOF_PROBES[1])
     def prop(flops, nbytes, peak_flops, bandwidth):
         args = (flops, nbytes, peak_flops, bandwidth)
-        got = roofline_time(*args)
-        if not _is_number(got):
-            assert False, f"roofline_time must return a number of seconds, got {got!r}"
+        got = as_float(roofline_time(*args), "roofline_time's result")
         ref = roofline_time_ref(*args)
         if _close(got, ref):
             return
-        why = diagnose(roofline_time, _ROOF_MISTAKES, [args] + _ROOF_PROBES, _close)
-        assert False, (f"roofline_time = {float(got):.6g} s, expected {ref:.6g} s (compute {flops / peak_flops:.3g} "
-                       f"s, memory {nbytes / bandwidth:.3g} s)" + (f" — {why}" if why else ""))
+        why = diagnose(roofline_time, _ROOF_MISTAKES, [args] + _ROOF_PROBES,
+                       lambda a, b: type(a) in (int, float) and _close(a, b))
+        fail(f"roofline_time = {got:.6g} s, expected {ref:.6g} s (compute {flops / peak_flops:.3g} s, memory "
+             f"{nbytes / bandwidth:.3g} s)" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=60,
                  hint="time >= flops / peak_flops and time >= nbytes / bandwidth, so the bound is "
                       "max(flops / peak_flops, nbytes / bandwidth).")
+
+
+# --------------------------------------------------------------------------- the tasks
+
+def _task(k: int, name: str, verify, oracle) -> Task:
+    return Task(f"lab00_{k}", what=name, verify=verify, engine=minillm_objects(f"minillm.bench.roofline:{name}"),
+                oracles=lambda: [oracle], form=function_answer(name))
+
+
+TASKS = {t.id: t for t in (_task(1, "linear_flops_bytes", verify_lab00_1, linear_flops_bytes_ref),
+                           _task(2, "model_flops_bytes", verify_lab00_2, model_flops_bytes_ref),
+                           _task(3, "roofline_time", verify_lab00_3, roofline_time_ref))}
+
+
+def check_lab00_1(linear_flops_bytes):
+    """linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T."""
+    __tracebackhide__ = True
+    TASKS["lab00_1"].check(linear_flops_bytes)
+
+
+def check_lab00_2(model_flops_bytes):
+    """model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass."""
+    __tracebackhide__ = True
+    TASKS["lab00_2"].check(model_flops_bytes)
+
+
+def check_lab00_3(roofline_time):
+    """roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take."""
+    __tracebackhide__ = True
+    TASKS["lab00_3"].check(roofline_time)
+
+
+seal(globals())

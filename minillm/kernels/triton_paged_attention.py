@@ -72,6 +72,8 @@ __all__ = [
     "triton_available",
     "compile_for_gpu_target",
     "aot_compile",
+    "kernel_source",
+    "KernelCompileError",
     "KERNEL_NAME",
 ]
 
@@ -97,8 +99,8 @@ if _HAS_TRITON:
     _sum_combine = tl.standard._sum_combine
     _max_combine = tl.standard._elementwise_max
 
-    # The plain Python function is kept (``_KERNEL_PY_FN``) so that an AOT compile can wrap
-    # it in a real ``JITFunction`` even when TRITON_INTERPRET=1 made ``triton.jit`` return an
+    # The plain Python function is kept so that an AOT compile can wrap it in a real
+    # ``JITFunction`` even when TRITON_INTERPRET=1 made ``triton.jit`` return an
     # ``InterpretedFunction``.
     def paged_attention_decode_kernel(
         out_ptr,
@@ -257,7 +259,7 @@ def paged_attention_decode_triton(
 
 
 # ---------------------------------------------------------------------------------------
-# Ahead-of-time compilation (no GPU needed)
+# Ahead-of-time compilation (no GPU needed), of this kernel or any kernel with its signature
 # ---------------------------------------------------------------------------------------
 #
 # triton.compile(ASTSource(fn=JITFunction, signature, constexprs, attrs), target=GPUTarget)
@@ -267,22 +269,40 @@ def paged_attention_decode_triton(
 # It cannot run in a process where TRITON_INTERPRET=1 was set when triton was imported:
 # triton's own standard library (tl.cdiv, tl.max, ...) is then made of interpreter
 # functions, and running an interpreted kernel leaves triton.language monkey-patched.
-# Wrapping our raw function in a fresh JITFunction is not enough, so in that case the
-# compile runs in a child process (this file loaded there with TRITON_INTERPRET unset).
+# Wrapping a raw function in a fresh JITFunction is not enough, so in that case the
+# compile runs in a child process (this file loaded there with TRITON_INTERPRET unset),
+# and a kernel defined elsewhere (a notebook) travels there as source (kernel_source).
 
 _ELT = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32",
         "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _ASM_TEXT_KEYS = ("ttir", "ttgir", "llir", "ptx")
 
 
-def _aot_compile_here(arch: int, dtype: str, head_dim: int, block_size: int, group: int,
-                      num_warps: int) -> dict:
+class KernelCompileError(RuntimeError):
+    """The compile failed: `summary` is one line (with the offending source line when triton names it)."""
+
+    def __init__(self, summary: str, detail: str = "") -> None:
+        super().__init__(f"{summary}\n{detail}" if detail else summary)
+        self.summary, self.detail = summary, detail
+
+
+def _python_fn(kernel):
+    """The plain Python function behind a kernel (JITFunction / InterpretedFunction have it as .fn)."""
+    if kernel is None:
+        return _KERNEL_PY_FN
+    fn = getattr(kernel, "fn", kernel)
+    if not callable(fn) or not hasattr(fn, "__code__"):
+        raise TypeError(f"expected a @triton.jit kernel or its Python function, got {type(kernel).__name__}")
+    return fn
+
+
+def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group: int, num_warps: int) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
     elt = _ELT[str(dtype).replace("torch.", "")]
-    fn = JITFunction(_KERNEL_PY_FN)
+    jit = JITFunction(fn)
     ptr = f"*{elt}"
     signature = {
         "out_ptr": ptr, "q_ptr": ptr, "k_cache_ptr": ptr, "v_cache_ptr": ptr,
@@ -300,11 +320,13 @@ def _aot_compile_here(arch: int, dtype: str, head_dim: int, block_size: int, gro
     }
     for name in constexprs:
         signature[name] = "constexpr"
-    # The specialisation the runtime launcher makes for torch allocations: 16-byte
-    # aligned pointers.
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]]
+    if list(signature) != list(jit.arg_names):
+        raise KernelCompileError(f"the kernel's parameters {jit.arg_names} differ from the PagedAttention signature "
+                                 f"{list(signature)}")
+    # The specialisation the runtime launcher makes for torch allocations: 16-byte aligned pointers.
+    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]]
              for n in signature if n.endswith("_ptr")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    src = ASTSource(fn=jit, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", int(arch), 32),
                               options={"num_warps": num_warps})
     return dict(compiled.asm)
@@ -322,18 +344,19 @@ def aot_compile(
     group: int = 1,
     num_warps: int = 4,
     in_process: bool | None = None,
+    kernel=None,
 ) -> dict:
-    """Compile the kernel for ``GPUTarget("cuda", arch, 32)`` (sm``arch``) without a GPU.
+    """Compile a PagedAttention decode kernel for ``GPUTarget("cuda", arch, 32)`` (sm``arch``) without a GPU.
 
-    ``arch`` is an int (80, 90, ...) or a sequence of them; ``dtypes`` a str or sequence of
-    ``"fp16"``/``"bf16"``/``"fp32"``.  Returns ``{(arch, dtype): asm}`` where ``asm`` is the
-    compiled kernel's asm dict: ``ttir``, ``ttgir``, ``llir``, ``ptx`` (str) and ``cubin``
-    (bytes, from the ``ptxas`` bundled in triton's wheel).  ``in_process=None`` picks a
-    child process automatically when this process runs the interpreter (see the comment
-    above); all variants are compiled in one child.
-    """
+    ``kernel``: None for minillm's, or any kernel with its signature (a @triton.jit function, e.g. defined in a
+    notebook, or the plain Python function). ``arch`` is an int (80, 90, ...) or a sequence of them; ``dtypes`` a
+    str or sequence of ``"fp16"``/``"bf16"``/``"fp32"``. Returns ``{(arch, dtype): asm}`` where ``asm`` holds
+    ``ttir``, ``ttgir``, ``llir``, ``ptx`` (str) and ``cubin`` (bytes, from the ``ptxas`` bundled in triton's
+    wheel). ``in_process=None`` picks a child process when this process runs the interpreter (see above).
+    Raises KernelCompileError when the kernel does not compile."""
     if not _HAS_TRITON:
         raise RuntimeError("triton is not installed")
+    fn = _python_fn(kernel)
     archs = (arch,) if isinstance(arch, int) else tuple(arch)
     dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
     jobs = [dict(arch=int(a), dtype=str(d), head_dim=int(head_dim),
@@ -343,11 +366,73 @@ def aot_compile(
     if in_process is None:
         in_process = _in_process_compile_ok()
     if in_process:
-        return {key: _aot_compile_here(**job) for key, job in zip(keys, jobs)}
-    return dict(zip(keys, _aot_compile_subprocess(jobs)))
+        try:
+            return {key: _compile_fn(fn, **job) for key, job in zip(keys, jobs)}
+        except KernelCompileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - triton's compile errors come in many types
+            raise KernelCompileError(_summarize(str(e)), str(e)) from None
+    source = None if fn is _KERNEL_PY_FN else kernel_source(fn)
+    return dict(zip(keys, _aot_compile_subprocess(jobs, source, fn.__name__)))
 
 
-def _aot_compile_subprocess(jobs: list) -> list:
+def kernel_source(fn) -> str:
+    """A module's worth of source for a kernel defined anywhere (a notebook cell): triton imports, the module
+    constants and @jit helpers the kernel uses (recursively), then the kernel itself, decorators dropped."""
+    import inspect
+    import textwrap
+    import types
+
+    import triton.language as tl
+
+    parts, done = [], set()
+    jit_types = tuple(t for t in (getattr(triton.runtime.jit, "JITFunction", None),
+                                  getattr(getattr(triton.runtime, "interpreter", None), "InterpretedFunction", None))
+                      if t is not None)
+
+    def add(f, top: bool) -> None:
+        if f.__name__ in done:
+            return
+        done.add(f.__name__)
+        for name in f.__code__.co_names:
+            if name in done or name not in f.__globals__:
+                continue
+            obj = f.__globals__[name]
+            if isinstance(obj, types.ModuleType):
+                parts.append(f"import {obj.__name__} as {name}\n")
+            elif isinstance(obj, jit_types) and obj.fn.__module__.split(".")[0] == "triton":
+                parts.append(f"{name} = __import__('importlib').import_module({obj.fn.__module__!r})."
+                             f"{obj.fn.__name__}\n")               # triton's own helpers, e.g. tl.standard
+            elif isinstance(obj, jit_types):
+                add(obj.fn, top=False)
+                continue
+            elif isinstance(obj, tl.constexpr):
+                parts.append(f"{name} = tl.constexpr({obj.value!r})\n")
+            elif isinstance(obj, bool | int | float):
+                parts.append(f"{name} = {obj!r}\n")        # as on a GPU: Triton rejects non-constexpr globals
+            else:
+                continue
+            done.add(name)
+        lines = textwrap.dedent(inspect.getsource(f)).splitlines()
+        while lines and not lines[0].lstrip().startswith("def "):
+            lines.pop(0)                 # drop decorators: the compiler wraps the kernel; helpers get a fresh @jit
+        parts.append(("" if top else "@triton.jit\n") + "\n".join(lines) + "\n")
+
+    add(fn, top=True)
+    header = "import math\nimport triton\nimport triton.language as tl\nfrom triton.language import constexpr\n\n"
+    return header + "\n\n".join(parts)
+
+
+def _summarize(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    summary = lines[-1].strip() if lines else "unknown error"
+    caret = next((i for i in range(len(lines) - 1, 0, -1) if lines[i].strip() == "^"), None)
+    if caret is not None:                   # triton points at the offending line of the kernel
+        summary += f" — in `{lines[caret - 1].strip()}`"
+    return summary[:400]
+
+
+def _aot_compile_subprocess(jobs: list, source: str | None, fn_name: str, timeout: float = 300) -> list:
     import base64
     import json
     import subprocess
@@ -360,6 +445,11 @@ def _aot_compile_subprocess(jobs: list) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         jobs_path = os.path.join(tmp, "jobs.json")
         out_path = os.path.join(tmp, "out.json")
+        src_path = ""
+        if source is not None:
+            src_path = os.path.join(tmp, "user_kernel.py")
+            with open(src_path, "w") as f:
+                f.write(source)
         with open(jobs_path, "w") as f:
             json.dump(jobs, f)
         # Load this file under a private name (not via sys.path: the child's cwd is tmp).
@@ -368,15 +458,17 @@ def _aot_compile_subprocess(jobs: list) -> list:
             "spec = importlib.util.spec_from_file_location('_minillm_paged_attn_aot', sys.argv[1])\n"
             "mod = importlib.util.module_from_spec(spec)\n"
             "spec.loader.exec_module(mod)\n"
-            "mod._aot_main(sys.argv[2], sys.argv[3])\n"
+            "mod._aot_main(*sys.argv[2:])\n"
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", code, os.path.abspath(__file__), jobs_path, out_path],
-            env=env, cwd=tmp, capture_output=True, text=True,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", code, os.path.abspath(__file__), jobs_path, out_path, src_path, fn_name],
+                env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise KernelCompileError(f"the compile took more than {timeout:.0f} s") from None
         if proc.returncode != 0:
-            raise RuntimeError(f"AOT compile subprocess failed ({proc.returncode}):\n"
-                               f"{proc.stderr[-4000:]}")
+            err = proc.stderr.strip()
+            raise KernelCompileError(_summarize(err), err[-3000:])
         with open(out_path) as f:
             results = json.load(f)
     for asm in results:
@@ -385,15 +477,22 @@ def _aot_compile_subprocess(jobs: list) -> list:
     return results
 
 
-def _aot_main(jobs_path: str, out_path: str) -> None:
+def _aot_main(jobs_path: str, out_path: str, src_path: str = "", fn_name: str = "") -> None:
     import base64
+    import importlib.util
     import json
 
+    fn = _KERNEL_PY_FN
+    if src_path:
+        spec = importlib.util.spec_from_file_location("_minillm_user_kernel", src_path)
+        user = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(user)
+        fn = getattr(user, fn_name)
     with open(jobs_path) as f:
         jobs = json.load(f)
     results = []
     for job in jobs:
-        asm = _aot_compile_here(**job)
+        asm = _compile_fn(fn, **job)
         out = {k: asm[k] for k in _ASM_TEXT_KEYS if k in asm}
         if "cubin" in asm:
             out["cubin"] = base64.b64encode(asm["cubin"]).decode("ascii")
@@ -403,14 +502,11 @@ def _aot_main(jobs_path: str, out_path: str) -> None:
 
 
 def compile_for_gpu_target(arch: int, dtype: str = "fp16", head_dim: int = 64,
-                           block_size: int = 16, group: int = 1) -> str:
-    """AOT-compile the kernel for sm``arch`` (80, 90, ...) without a GPU; return the PTX.
+                           block_size: int = 16, group: int = 1, kernel=None) -> str:
+    """AOT-compile a kernel (minillm's by default) for sm``arch`` (80, 90, ...) without a GPU; return the PTX.
 
-    ``dtype``: ``"fp16"``, ``"bf16"`` or ``"fp32"``.  The cubin is built as well (use
-    :func:`aot_compile` to get it); the PTX is returned because it is readable: it holds
-    ``.entry paged_attention_decode_kernel`` and ``.target sm_80`` / ``sm_90a``.
-    """
+    ``dtype``: ``"fp16"``, ``"bf16"`` or ``"fp32"``. The cubin is built as well (use :func:`aot_compile` to get
+    it); the PTX is returned because it is readable: it holds ``.entry <kernel name>`` and ``.target sm_80``."""
     asm = aot_compile(int(arch), dtypes=(dtype,), head_dim=head_dim, block_size=block_size,
-                      group=group)
+                      group=group, kernel=kernel)
     return asm[(int(arch), dtype)]["ptx"]
-

@@ -9,17 +9,30 @@ A contiguous per-sequence cache is the special case block_size = max_model_len w
 so the same attention code reads both (see kv/contiguous.py)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minillm.config import ModelConfig
+
+
+def zeros_lazily(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """Zeros whose pages are committed only when first written, on CPU: a pool sized for a large budget costs
+    nothing until it holds KV (torch.zeros would write every byte up front). calloc, through numpy, gives
+    pages the OS zero-fills on first touch."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import numpy as np
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
         shape = (cfg.num_layers, cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros_lazily(shape, dtype, device)
+        self.v = zeros_lazily(shape, dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.num_kv_heads, self.head_dim = cfg.num_kv_heads, cfg.head_dim
 

@@ -1,21 +1,25 @@
-"""Prefix-cache building blocks: the chained block hash, the LRU evictor, and hit/miss stats.
+"""Prefix-cache building blocks: the chained block hash, the cached-prefix lookup, the LRU evictor, and stats.
 
-A *full* KV block is identified by the tokens it holds **and everything before it**: the K/V
-of token t depends on all tokens before t (attention) and on t's position (RoPE). So block i's
-key is chained, ``h_i = hash_fn(h_{i-1}, tokens_of_block_i)`` with ``h_{-1} = None``; two blocks
-get the same key only if their whole prefixes are equal -- up to hash collisions, which the
-BlockManager guards against exactly: each cached block stores its tokens and the *identity* of the block
-holding its prefix (block id + generation), compared on every hit, so the hash only finds candidates.
+A *full* KV block is identified by the tokens it holds **and everything before it**: the K/V of token t depends
+on all tokens before t (attention) and on t's position (RoPE). So block i's key is chained,
+``h_i = hash_fn(h_{i-1}, tokens_of_block_i)`` with ``h_{-1} = None``; two blocks get the same key only if their
+whole prefixes are equal -- up to hash collisions, which the lookup guards against exactly: every cached block
+records its tokens and the block holding its prefix (``CachedBlock``), and a hit counts only when both agree, so
+the hash only finds candidates. These are the engine's implementations of three seams (minillm.interfaces):
+HashFn (default_hash_fn), PrefixLookup (find_cached_prefix) and Evictor (LRUEvictor).
 """
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
-HashFn = Callable[[Optional[int], tuple], int]
+from minillm.interfaces import CachedBlock, HashFn
+
+__all__ = ["CachedBlock", "LRUEvictor", "PrefixCacheStats", "default_hash_fn", "find_cached_prefix"]
 
 _MASK128 = (1 << 128) - 1
 
@@ -45,6 +49,25 @@ def default_hash_fn(parent: int | None, tokens: Sequence[int]) -> int:
             b = int(t).to_bytes((int(t).bit_length() + 8) // 8, "little", signed=True)
             h.update(len(b).to_bytes(1, "little") + b)
     return int.from_bytes(h.digest(), "little")
+
+
+def find_cached_prefix(token_ids: Sequence[int], block_size: int, cache: Mapping[int, CachedBlock],
+                       hash_fn: HashFn) -> list[int]:
+    """Physical blocks of the longest chain of cached full blocks the prompt starts with.
+
+    Stops at the first block whose hash misses or whose cached entry holds other tokens or another parent (a
+    collision), and never takes the prompt's last token: at most (len - 1) // block_size blocks, so at least one
+    token is computed (its logits give the next token) and a block-aligned prompt does not end on a shared block."""
+    blocks: list[int] = []
+    parent_hash: Optional[int] = None
+    for start in range(0, (len(token_ids) - 1) // block_size * block_size, block_size):
+        tokens = tuple(token_ids[start:start + block_size])
+        parent_hash = hash_fn(parent_hash, tokens)
+        entry = cache.get(parent_hash)
+        if entry is None or entry.tokens != tokens or entry.parent != (blocks[-1] if blocks else None):
+            break
+        blocks.append(entry.block_id)
+    return blocks
 
 
 @dataclass
@@ -77,33 +100,32 @@ class LRUEvictor:
     """The set of cached blocks with ref_count 0, in eviction order (least recently freed first)."""
 
     def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self.order: OrderedDict[int, None] = OrderedDict()
 
     def add(self, block: int) -> None:
         """Mark `block` evictable as the most recently used (it is evicted last)."""
-        self._order.pop(block, None)
-        self._order[block] = None
+        self.order.pop(block, None)
+        self.order[block] = None
 
     def remove(self, block: int) -> None:
         """Take `block` out (it was revived by a prefix hit, or un-cached)."""
-        del self._order[block]
+        del self.order[block]
 
     def pop_lru(self) -> int:
         """Remove and return the least recently freed block."""
-        block, _ = self._order.popitem(last=False)
-        return block
+        return self.order.popitem(last=False)[0]
 
     def clear(self) -> list[int]:
-        blocks = list(self._order)
-        self._order.clear()
+        blocks = list(self.order)
+        self.order.clear()
         return blocks
 
     def __contains__(self, block: object) -> bool:
-        return block in self._order
+        return block in self.order
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self.order)
 
     def __iter__(self) -> Iterator[int]:
         """Blocks in eviction order (next victim first)."""
-        return iter(self._order)
+        return iter(self.order)

@@ -36,13 +36,12 @@ import matplotlib.pyplot as plt
 import torch
 
 from minillm.bench.decode import measure_bandwidth, time_decode, time_prefill
-from minillm.engine.simple import SimpleGenerator
-from minillm.grading.lab00 import check_lab00_1, check_lab00_2, check_lab00_3
+from minillm.engine.llm_engine import LLMEngine
 from minillm.loading.loader import load_model
 
 loaded = load_model("default", "float32")      # SmolLM2-135M-Instruct, dequantized to float32
 model, cfg = loaded.model, loaded.config
-gen = SimpleGenerator(model, loaded.tokenizer)
+engine = LLMEngine.from_model(model, loaded.tokenizer)   # the engine the measurements run, one request at a time
 print(cfg)
 print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
       f"{model.weight_bytes() / 1e6:.0f} MB of float32 weights read per forward pass")
@@ -103,7 +102,7 @@ def linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes):
 
 
 # %% nbgrader="graded" points=2
-check_lab00_1(linear_flops_bytes)
+from minillm.grading.lab00 import check_lab00_1; check_lab00_1(linear_flops_bytes)
 
 # %% [markdown]
 # ## Task 2 — FLOPs and bytes of a whole forward pass (3 points)
@@ -142,7 +141,7 @@ def model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes):
 
 
 # %% nbgrader="graded" points=3
-check_lab00_2(model_flops_bytes)
+from minillm.grading.lab00 import check_lab00_2; check_lab00_2(model_flops_bytes)
 
 # %% [markdown]
 # ## Task 3 — the roofline bound (2 points)
@@ -167,7 +166,7 @@ def roofline_time(flops, nbytes, peak_flops, bandwidth):
 
 
 # %% nbgrader="graded" points=2
-check_lab00_3(roofline_time)
+from minillm.grading.lab00 import check_lab00_3; check_lab00_3(roofline_time)
 
 # %% [markdown]
 # ## Plug in: your bound against the real engine
@@ -196,7 +195,7 @@ peak_flops = measure_peak_flops()
 print(f"threads {torch.get_num_threads()}: bandwidth {bandwidth / 1e9:.1f} GB/s, peak {peak_flops / 1e9:.0f} GFLOP/s, "
       f"ridge point {peak_flops / bandwidth:.1f} FLOP/byte")
 
-decode_ms = time_decode(gen, steps=16)
+decode_ms = time_decode(engine, steps=16)
 f1, b1 = model_flops_bytes(cfg, 1, 1, 4)
 bound_ms = 1000 * roofline_time(f1, b1, peak_flops, bandwidth)
 print(f"decode: your bound {bound_ms:.1f} ms/token, measured {decode_ms:.1f} ms/token "
@@ -218,7 +217,7 @@ print(f"decode: your bound {bound_ms:.1f} ms/token, measured {decode_ms:.1f} ms/
 # %%
 points = [("decode", 1, f1, b1, decode_ms / 1000)]
 for T in (16, 64, 256):
-    tok_s = time_prefill(gen, T, repeats=2)
+    tok_s = time_prefill(engine, T, repeats=2)
     f, b = model_flops_bytes(cfg, T, 1, 4)
     points.append((f"prefill {T}", T, f, b, T / tok_s))
 

@@ -33,7 +33,6 @@ import torch
 
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
-from minillm.grading.lab01 import check_lab01_1, check_lab01_2, check_lab01_3
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
 from minillm.loading.loader import load_model
@@ -113,7 +112,7 @@ def attend(q, k, v, scale):
 
 
 # %% nbgrader="graded" points=3
-check_lab01_1(attend)
+from minillm.grading.lab01 import check_lab01_1; check_lab01_1(attend)
 
 # %% [markdown]
 # ## Task 2 — how big is the KV cache? (2 points)
@@ -132,7 +131,7 @@ def kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes):
 
 
 # %% nbgrader="graded" points=2
-check_lab01_2(kv_cache_bytes)
+from minillm.grading.lab01 import check_lab01_2; check_lab01_2(kv_cache_bytes)
 
 # %% [markdown]
 # ## Task 3 — sizing: how many sequences fit? (2 points)
@@ -155,7 +154,7 @@ def max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes):
 
 
 # %% nbgrader="graded" points=2
-check_lab01_3(max_num_seqs)
+from minillm.grading.lab01 import check_lab01_3; check_lab01_3(max_num_seqs)
 
 # %% [markdown]
 # ## Plug in: your attention inside the engine

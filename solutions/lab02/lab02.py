@@ -160,7 +160,7 @@ def slot_mapping(block_table, start, end, block_size):
 
 
 # %% nbgrader="graded" points=2
-check_lab02_1(slot_mapping)
+from minillm.grading.lab02 import check_lab02_1; check_lab02_1(slot_mapping)
 
 # %% [markdown]
 # ## Task 2 — a block allocator with reference counts (3 points)
@@ -228,7 +228,7 @@ class BlockAllocator:
 
 
 # %% nbgrader="graded" points=3
-check_lab02_2(BlockAllocator)
+from minillm.grading.lab02 import check_lab02_2; check_lab02_2(BlockAllocator)
 
 # %% [markdown]
 # ## Task 3 — the block manager: append, fork, copy-on-write, free (4 points)
@@ -330,7 +330,7 @@ class MyBlockManager(BlockManagerScaffold):
 
 
 # %% nbgrader="graded" points=4
-check_lab02_3(MyBlockManager)
+from minillm.grading.lab02 import check_lab02_3; check_lab02_3(MyBlockManager)
 
 # %% [markdown]
 # ## Plug in: your block manager runs SmolLM2

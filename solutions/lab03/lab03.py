@@ -51,7 +51,6 @@ import triton.language as tl
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
-from minillm.grading.lab03 import check_lab03_1, check_lab03_2, check_lab03_3, compile_kernel_for_gpu
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend, TritonAttentionBackend, causal_attend
 from minillm.loading.loader import load_model
@@ -142,7 +141,7 @@ def gather_kv(cache, block_table, seq_len):
 
 
 # %% nbgrader="graded" points=2
-check_lab03_1(gather_kv)
+from minillm.grading.lab03 import check_lab03_1; check_lab03_1(gather_kv)
 
 # %% [markdown]
 # **Check on the real cache.** Read request 0's layer-0 keys out of the engine's pool with your `gather_kv`, and
@@ -198,7 +197,7 @@ def online_softmax_update(m, l, acc, scores, values):
 
 
 # %% nbgrader="graded" points=3
-check_lab03_2(online_softmax_update)
+from minillm.grading.lab03 import check_lab03_2; check_lab03_2(online_softmax_update)
 
 # %% [markdown]
 # **Your update on a real attention row.** The cell below catches the last prompt token's query and the
@@ -386,7 +385,7 @@ def paged_attention_kernel(
 
 
 # %% nbgrader="graded" points=5
-check_lab03_3(paged_attention_kernel)
+from minillm.grading.lab03 import check_lab03_3; check_lab03_3(paged_attention_kernel)
 
 # %% [markdown]
 # **Not just an interpreter trick.** The checker compiled your kernel with Triton's ahead-of-time compiler for

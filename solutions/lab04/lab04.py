@@ -44,7 +44,6 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.sequence import SequenceStatus
-from minillm.grading.lab04 import check_lab04_1, check_lab04_2, check_lab04_3
 from minillm.loading.loader import load_model
 from minillm.sampling.params import SamplingParams
 
@@ -274,7 +273,7 @@ class RunningFirst(Scheduler):
 
 
 # %% nbgrader="graded" points=3
-check_lab04_1(RunningFirst)
+from minillm.grading.lab04 import check_lab04_1; check_lab04_1(RunningFirst)
 
 # %% [markdown]
 # ## Task 2 — admit waiting sequences (3 points)
@@ -321,7 +320,7 @@ class Admitting(RunningFirst):
 
 
 # %% nbgrader="graded" points=3
-check_lab04_2(Admitting)
+from minillm.grading.lab04 import check_lab04_2; check_lab04_2(Admitting)
 
 # %% [markdown]
 # ## Task 3 — preemption by recompute (2 points)
@@ -348,7 +347,7 @@ class MyScheduler(Admitting):
 
 
 # %% nbgrader="graded" points=2
-check_lab04_3(MyScheduler)
+from minillm.grading.lab04 import check_lab04_3; check_lab04_3(MyScheduler)
 
 # %% [markdown]
 # ## Plug in: your scheduler drives SmolLM2

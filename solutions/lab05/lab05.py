@@ -202,7 +202,7 @@ def hash_block(parent_hash, token_ids):
 
 
 # %% nbgrader="graded" points=3
-check_lab05_1(hash_block)
+from minillm.grading.lab05 import check_lab05_1; check_lab05_1(hash_block)
 
 # %% [markdown]
 # ## Task 2 — the lookup: longest verified cached prefix (3 points)
@@ -240,7 +240,7 @@ def find_cached_prefix(token_ids, block_size, cache, hash_fn):
 
 
 # %% nbgrader="graded" points=3
-check_lab05_2(find_cached_prefix)
+from minillm.grading.lab05 import check_lab05_2; check_lab05_2(find_cached_prefix)
 
 # %% [markdown]
 # ## Task 3 — the LRU evictor (2 points)
@@ -294,7 +294,7 @@ class LRU:
 
 
 # %% nbgrader="graded" points=2
-check_lab05_3(LRU)
+from minillm.grading.lab05 import check_lab05_3; check_lab05_3(LRU)
 
 # %% [markdown]
 # ## Plug in: your prefix cache inside the engine

@@ -1,0 +1,43 @@
+"""Engine settings on the command line, generated from EngineConfig so the CLI has no defaults of its own.
+
+Every flat EngineConfig setting becomes a flag (`block_size` -> `--block-size`, booleans as `--x/--no-x`) whose
+default is None: only what the user typed reaches EngineConfig.from_kwargs, everything else keeps the dataclass's
+default (shown in --help)."""
+from __future__ import annotations
+
+import argparse
+
+from minillm.config import EngineConfig
+
+_HELP = {
+    "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
+    "max_model_len": "longest sequence (prompt + output) in tokens; default: the model's context window",
+    "attention_backend": "auto | torch | cpu | triton (auto: the compiled CPU kernel, Triton on CUDA)",
+    "block_size": "KV block size in tokens",
+    "num_blocks": "fix the KV pool's number of blocks (instead of sizing it from --kv-cache-memory)",
+    "kv_cache_memory": "KV pool budget, e.g. 512MiB or 2GiB (pages are committed only when used)",
+    "enable_prefix_caching": "reuse the KV blocks of a shared prompt prefix",
+    "max_num_seqs": "most sequences running at once",
+    "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
+    "enable_chunked_prefill": "split prompts longer than the step's token budget across steps",
+}
+
+
+def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    g = p.add_argument_group("engine settings (minillm.config.EngineConfig)")
+    for name, default in EngineConfig().as_kwargs().items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_ = f"{_HELP.get(name, name)} (default: {default})"
+        if isinstance(default, bool):
+            g.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            kind = str if isinstance(default, str) or name == "kv_cache_memory" else int
+            g.add_argument(flag, dest=name, type=kind, default=None, help=help_)
+
+
+def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """The EngineConfig the user asked for: the flags they gave, then `overrides` (a command's own choices)."""
+    given = {name: getattr(args, name) for name in EngineConfig().as_kwargs() if getattr(args, name, None) is not None}
+    return EngineConfig.from_kwargs(**{**given, **overrides})

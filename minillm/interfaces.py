@@ -1,0 +1,213 @@
+"""The seams: the interfaces a lab piece implements, declared once.
+
+Each Protocol below is a box of the request path (../DESIGN.md) that the engine takes from outside: through a
+constructor argument or class attribute of the component that owns it, or `LLMEngine.plug(...)`. minillm's own
+implementation of each is one concrete class or function in the engine; a learner's implementation of the same
+Protocol plugs in the same way and the engine never looks past the Protocol's names.
+
+    seam                  engine's implementation                          plugged with
+    BlockAllocator        kv.block_allocator.BlockAllocator                BlockManager(allocator_cls=...)   lab02
+    SlotMapping           kv.block_manager.slot_mapping                    BlockManager(slot_mapping_fn=...)  lab02
+    BlockManager          kv.block_manager.BlockManager                    engine.plug(block_manager=...)     lab02
+    HashFn                kv.prefix_cache.default_hash_fn                  BlockManager(hash_fn=...)          lab05
+    PrefixLookup          kv.prefix_cache.find_cached_prefix               BlockManager(prefix_lookup=...)    lab05
+    Evictor               kv.prefix_cache.LRUEvictor                       BlockManager(evictor_cls=...)      lab05
+    AttendFn              layers.attention.causal_attend                   TorchAttentionBackend(attend_fn=)  lab01
+    PagedDecodeFn         kernels.triton_paged_attention.paged_attention_decode_triton
+                                                                           TritonAttentionBackend(decode_fn=) lab03
+    AttentionBackend      layers.attention.{Torch,Cpu,Triton}AttentionBackend  engine.plug(backend=...)
+    SchedulerPolicy       engine.scheduler.Scheduler                       engine.plug(scheduler=...)         lab04
+    Sampler               sampling.sampler.Sampler                         engine.plug(sampler=...)
+    StepObserver          (anything callable)                              engine.add_step_observer(fn)
+
+Later labs add the rejection sampler, proposer, quantized linear, parallel linear, token index and router here.
+
+This module imports nothing from minillm: every other module may import it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: importing torch here would make this module heavy
+    import torch
+
+
+class CachedBlock(NamedTuple):
+    """One entry of a prefix cache, as the PrefixLookup seam sees it: physical block `block_id` holds the KV of
+    `tokens` (a tuple of block_size token ids) computed right after the block `parent` (a block id; None at
+    position 0). A parent whose block has since been reused for other content reads as a value equal to no id."""
+    block_id: int
+    parent: Any
+    tokens: tuple
+
+
+# --------------------------------------------------------------------------- KV memory (labs 02 and 05)
+
+@runtime_checkable
+class BlockAllocator(Protocol):
+    """A pool of `num_blocks` block ids with one reference count per block."""
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    def allocate(self) -> int:
+        """A free block with ref count 1; NoFreeBlocksError (and no change) when none is free."""
+
+    def share(self, block: int) -> None:
+        """One more holder: ref count + 1 (ValueError for a free block)."""
+
+    def free(self, block: int) -> None:
+        """One holder fewer: ref count - 1, back to the pool at 0 (ValueError for a free block)."""
+
+    def ref_count(self, block: int) -> int: ...
+
+
+class SlotMapping(Protocol):
+    def __call__(self, block_table: Sequence[int], start: int, end: int, block_size: int) -> list[int]:
+        """The flat KV-pool slot of every position in [start, end) of a sequence with this block table."""
+
+
+class HashFn(Protocol):
+    def __call__(self, parent_hash: Optional[int], token_ids: tuple) -> int:
+        """The chained key of one full block: deterministic across processes, >= 128 bits."""
+
+
+class PrefixLookup(Protocol):
+    def __call__(self, token_ids: Sequence[int], block_size: int, cache: Mapping[int, CachedBlock],
+                 hash_fn: HashFn) -> list[int]:
+        """Physical block ids of the longest verified chain of cached full blocks that starts the prompt, at most
+        (len(token_ids) - 1) // block_size of them."""
+
+
+@runtime_checkable
+class Evictor(Protocol):
+    """The cached blocks nobody references, in eviction order (the next victim first)."""
+
+    def add(self, block: int) -> None: ...
+
+    def remove(self, block: int) -> None: ...
+
+    def pop_lru(self) -> int: ...
+
+    def clear(self) -> list[int]: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+
+@runtime_checkable
+class BlockManager(Protocol):
+    """Block tables, ref counts, copy-on-write and (optionally) prefix caching: what the scheduler calls."""
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    def has_seq(self, seq_id: int) -> bool: ...
+
+    def block_table(self, seq_id: int) -> list[int]: ...
+
+    def num_computed_tokens(self, seq_id: int) -> int: ...
+
+    def ref_count(self, block_id: int) -> int: ...
+
+    def peek_prefix(self, token_ids: Sequence[int]) -> int: ...
+
+    def blocks_to_admit(self, token_ids: Sequence[int], num_tokens: Optional[int] = None) -> int: ...
+
+    def allocate_prompt(self, seq_id: int, token_ids: Sequence[int]) -> int: ...
+
+    def num_blocks_needed(self, seq_id: int, num_tokens: int) -> int: ...
+
+    def append_slots(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]]: ...
+
+    def slot_mapping(self, seq_id: int, start: int, end: int) -> list[int]: ...
+
+    def commit_computed(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int) -> None: ...
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None: ...
+
+    def free(self, seq_id: int) -> None: ...
+
+    def reset_prefix_cache(self) -> None: ...
+
+    def usage(self) -> dict: ...
+
+
+# --------------------------------------------------------------------------- attention (labs 01 and 03)
+
+class AttendFn(Protocol):
+    def __call__(self, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", scale: float) -> "torch.Tensor":
+        """q [n, H, D] (the last n of L positions), k/v [L, KVH, D] -> [n, H, D]; causal; GQA."""
+
+
+class PagedDecodeFn(Protocol):
+    def __call__(self, q: "torch.Tensor", k_cache: "torch.Tensor", v_cache: "torch.Tensor",
+                 block_tables: "torch.Tensor", seq_lens: "torch.Tensor", scale: float) -> "torch.Tensor":
+        """One query token per sequence: q [S, H, D], caches [num_blocks, block_size, KVH, D] -> [S, H, D]."""
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(self, layer: int, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", meta: Any,
+                cache: Any, scale: float) -> "torch.Tensor":
+        """Write this step's K/V into the paged pool, then attend; rows as in meta (AttentionMetadata)."""
+
+
+# --------------------------------------------------------------------------- scheduling and sampling (lab04, lab06)
+
+@runtime_checkable
+class SchedulerPolicy(Protocol):
+    """The scheduler: queues, the per-step policy, and the only caller of the block manager during a step."""
+    running: list
+    waiting: Any
+    block_manager: BlockManager
+
+    def add(self, seq: Any) -> None: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def schedule(self) -> Any:
+        """The step's SchedulerOutput (calls schedule_running, then admit_waiting unless it preempted)."""
+
+    def schedule_running(self, out: Any, budget: int) -> None: ...
+
+    def admit_waiting(self, out: Any, budget: int) -> None: ...
+
+    def preempt(self, seq: Any) -> None: ...
+
+    def commit(self, out: Any) -> None:
+        """After the forward pass: the scheduled tokens' KV is written."""
+
+    def fork(self, parent: Any, child: Any) -> None: ...
+
+    def finish(self, seq: Any) -> None: ...
+
+    def abort(self, request_id: str) -> list: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    def __call__(self, logits: "torch.Tensor", params: list, generators: list) -> list[int]:
+        """logits [B, V] fp32 -> one token id per row, row i sampled with params[i] and generators[i]."""
+
+
+class StepObserver(Protocol):
+    def __call__(self, info: Any) -> None:
+        """Called at the end of every engine step with its StepInfo."""
+
+
+def missing_members(obj: Any, protocol: type) -> list[str]:
+    """The names `protocol` declares that `obj` lacks (for errors that say what to add)."""
+    names: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass.__module__ != __name__:         # typing's Protocol machinery, object
+            continue
+        names |= set(getattr(klass, "__annotations__", {}))
+        names |= {n for n in vars(klass) if not n.startswith("_") or n in ("__len__", "__iter__", "__call__")}
+    return sorted(n for n in names if not hasattr(obj, n))
