@@ -1,8 +1,10 @@
-"""lab00 checkers, graded both ways: the reference passes (wrapped), the very object and wrong answers fail."""
+"""lab00 checkers, graded both ways: minillm's own functions (minillm/bench/roofline.py) pass the property suites;
+handed in as answers they are refused, as are the grader's references and plausible wrong answers."""
 import pytest
 
+from minillm.bench import roofline
 from minillm.grading import lab00
-from minillm.grading.lab00 import (check_lab00_1, check_lab00_2, check_lab00_3, linear_flops_bytes_ref,
+from minillm.grading.lab00 import (TASKS, check_lab00_1, check_lab00_2, check_lab00_3, linear_flops_bytes_ref,
                                    model_flops_bytes_ref, roofline_time_ref)
 
 
@@ -18,12 +20,18 @@ def rejected(checker, fn, *needles):
 
 # ---------------------------------------------------------------- lab00_1 linear layer
 
-def test_lab00_1_reference_passes():
-    check_lab00_1(lambda t, i, o, b: linear_flops_bytes_ref(t, i, o, b))
+def test_lab00_1_minillm_passes():
+    TASKS["lab00_1"].verify(roofline.linear_flops_bytes)
 
 
-def test_lab00_1_rejects_the_reference_itself():
-    rejected(check_lab00_1, linear_flops_bytes_ref, "minillm's own implementation")
+def test_lab00_1_rejects_minillm_and_the_reference():
+    rejected(check_lab00_1, roofline.linear_flops_bytes, "minillm's own answer")
+    rejected(check_lab00_1, linear_flops_bytes_ref, "minillm's own answer")
+    rejected(check_lab00_1, lambda t, i, o, b: linear_flops_bytes_ref(t, i, o, b), "grader's reference answer")
+
+
+def test_lab00_1_correct_learner_code_passes():
+    check_lab00_1(lambda t, i, o, b: (t * i * o * 2, (i * o + (i + o) * t) * b))
 
 
 def test_lab00_1_blank_starter_fails():
@@ -49,13 +57,17 @@ def test_lab00_1_wrong_implementations_fail(name):
 
 # ---------------------------------------------------------------- lab00_2 whole model
 
-def test_lab00_2_reference_passes():
-    check_lab00_2(lambda *a: model_flops_bytes_ref(*a))
+def test_lab00_2_minillm_passes():
+    TASKS["lab00_2"].verify(roofline.model_flops_bytes)
+
+
+def test_lab00_2_correct_learner_code_passes():
+    check_lab00_2(_model)
 
 
 def test_lab00_2_reference_agrees_with_the_model_config():
     from minillm.config import ModelConfig
-    cfg = ModelConfig(**{k: v for k, v in lab00.SMOLLM2.items()}, tie_word_embeddings=True)
+    cfg = ModelConfig(**lab00.SMOLLM2)
     flops, nbytes = model_flops_bytes_ref(cfg, 1, 1, 4)
     # decode at batch 1 reads every weight once (norms aside): the bytes are the parameter bytes, plus
     # activations (a fraction of a percent at one token)
@@ -64,11 +76,13 @@ def test_lab00_2_reference_agrees_with_the_model_config():
     assert flops == 2 * params_read
 
 
-def test_lab00_2_rejects_the_reference_itself():
-    rejected(check_lab00_2, model_flops_bytes_ref, "minillm's own implementation")
+def test_lab00_2_rejects_minillm_and_the_reference():
+    rejected(check_lab00_2, model_flops_bytes_ref, "itself")
+    rejected(check_lab00_2, lambda *a: roofline.model_flops_bytes(*a), "runs minillm's own implementation")
 
 
 def _model(cfg, T, logits, b, *, layers=None, kv=None, mlp=2, head_tokens=None, fused=True):
+    """A learner's model_flops_bytes, with knobs for the classic mistakes."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     q = cfg.num_heads * cfg.head_dim
     kvd = (cfg.num_kv_heads if kv is None else kv) * cfg.head_dim
@@ -96,17 +110,22 @@ def test_lab00_2_wrong_implementations_fail(name):
 
 
 def test_lab00_2_swapped_pair_is_diagnosed():
-    rejected(check_lab00_2, lambda *a: model_flops_bytes_ref(*a)[::-1], "(bytes, flops)")
+    rejected(check_lab00_2, lambda *a: _model(*a)[::-1], "(bytes, flops)")
 
 
 # ---------------------------------------------------------------- lab00_3 roofline
 
-def test_lab00_3_reference_passes():
-    check_lab00_3(lambda f, b, p, w: roofline_time_ref(f, b, p, w))
+def test_lab00_3_minillm_passes():
+    TASKS["lab00_3"].verify(roofline.roofline_time)
 
 
-def test_lab00_3_rejects_the_reference_itself():
-    rejected(check_lab00_3, roofline_time_ref, "minillm's own implementation")
+def test_lab00_3_rejects_minillm_and_the_reference():
+    rejected(check_lab00_3, roofline_time_ref, "itself")
+    rejected(check_lab00_3, roofline.roofline_time, "itself")
+
+
+def test_lab00_3_correct_learner_code_passes():
+    check_lab00_3(lambda f, b, p, w: max(b / w, f / p))
 
 
 ROOF_WRONG = {

@@ -1,13 +1,16 @@
-"""lab02 checkers, graded both ways: minillm's own slot mapping / ref counting / block manager pass (wrapped), the
-very objects and plausible wrong implementations fail. The correct classes below are the notebook's solutions."""
+"""lab02 checkers, graded both ways: minillm's own slot mapping, allocator and block manager pass the property
+suites (TASKS[...].verify); handed in as answers (as they are, wrapped, subclassed) they are refused, and plausible
+wrong implementations fail with their diagnosis. The correct classes below are written like the notebook's."""
 from collections import deque
 
 import pytest
+from hypothesis import given, settings
 
 from minillm.grading import block_properties as props
-from minillm.grading.lab02 import (BlockManagerScaffold, NoFreeBlocksError, ReferenceAllocator, check_lab02_1,
-                                   check_lab02_2, check_lab02_3, slot_mapping_ref)
-from minillm.kv.block_manager import BlockManager
+from minillm.grading.lab02 import TASKS, NoFreeBlocksError, check_lab02_1, check_lab02_2, check_lab02_3, slot_table
+from minillm.kv.block_allocator import BlockAllocator as MinillmAllocator
+from minillm.kv.block_manager import BlockManager, slot_mapping as minillm_slot_mapping
+from minillm.testing import operations, run_operations
 
 
 def rejected(checker, obj, *needles, example=True):
@@ -28,23 +31,24 @@ def slot_mapping(block_table, start, end, block_size):
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
-def via_minillm_block_manager(block_table, start, end, block_size):
-    """minillm's own BlockManager.slot_mapping, on a sequence whose table is the given one."""
-    bm = BlockManager(max(block_table) + 1, block_size, enable_prefix_caching=False)
-    bm.allocate_prompt(0, [1])
-    bm._seqs[0].table = list(block_table)
-    return bm.slot_mapping(0, start, end)
-
-
-def test_lab02_1_correct_and_minillm_wrapped_pass():
+def test_lab02_1_minillm_passes_and_learner_code_passes():
+    TASKS["lab02_1"].verify(minillm_slot_mapping)
     check_lab02_1(slot_mapping)
-    check_lab02_1(via_minillm_block_manager)
-    check_lab02_1(lambda *a: slot_mapping_ref(*a))
 
 
-def test_lab02_1_rejects_the_references_themselves():
-    rejected(check_lab02_1, slot_mapping_ref, "minillm's own implementation", example=False)
-    rejected(check_lab02_1, BlockManager.slot_mapping, "minillm's own implementation", example=False)
+def test_lab02_1_rejects_minillm_and_the_oracle():
+    rejected(check_lab02_1, minillm_slot_mapping, "minillm's own answer", example=False)
+    rejected(check_lab02_1, BlockManager.slot_mapping, "minillm's own answer", example=False)
+    rejected(check_lab02_1, lambda *a: minillm_slot_mapping(*a), "runs minillm's own implementation", example=False)
+    rejected(check_lab02_1, lambda t, s, e, b: [slot_table(t, b)[p] for p in range(s, e)],
+             "grader's reference answer", example=False)
+
+
+def test_lab02_1_large_block_ids_catch_a_byte_sized_table():
+    def bytes_table(block_table, start, end, block_size):
+        table = bytearray(b % 256 for b in block_table)        # a byte per block id
+        return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+    rejected(check_lab02_1, bytes_table, "expected")
 
 
 SLOT_WRONG = {
@@ -68,7 +72,7 @@ def test_lab02_1_wrong_implementations_fail(name):
 def test_lab02_1_blank_fails():
     def blank(block_table, start, end, block_size):
         raise NotImplementedError()
-    rejected(check_lab02_1, blank, "not implemented yet")
+    rejected(check_lab02_1, blank, "not implemented yet", example=False)
 
 
 # ---------------------------------------------------------------- lab02_2 block allocator
@@ -106,53 +110,23 @@ class BlockAllocator:
         return self.ref_counts[block]
 
 
-class MinillmRefCounts:
-    """minillm's BlockManager doing the ref counting: a block = a one-token sequence; share = fork; free = free one
-    of the sequences holding it."""
+def test_lab02_2_minillm_passes_and_learner_code_passes():
+    TASKS["lab02_2"].verify(MinillmAllocator)
+    check_lab02_2(BlockAllocator)
+
+
+def test_lab02_2_rejects_minillm_and_wrappers():
+    rejected(check_lab02_2, MinillmAllocator, "minillm's own answer", example=False)
+    rejected(check_lab02_2, type("Sub", (MinillmAllocator,), {"__module__": "__main__"}), "runs minillm's own",
+             example=False)
+
+
+class FixedCapacity(BlockAllocator):
+    """A free list in a fixed-size array of 256 entries (a common embedded-systems habit)."""
 
     def __init__(self, num_blocks):
-        self.bm = BlockManager(num_blocks, 1, enable_prefix_caching=False)
-        self.holders = {}
-        self.next_id = 0
-
-    @property
-    def num_free_blocks(self):
-        return self.bm.num_free_blocks
-
-    def allocate(self):
-        if not self.bm.num_free_blocks:
-            raise NoFreeBlocksError("out of blocks")
-        sid, self.next_id = self.next_id, self.next_id + 1
-        self.bm.allocate_prompt(sid, [0])
-        self.bm.append_slots(sid, 1)
-        b = self.bm.block_table(sid)[0]
-        self.holders.setdefault(b, []).append(sid)
-        return b
-
-    def share(self, block):
-        if not self.holders.get(block):
-            raise ValueError("free block")
-        sid, self.next_id = self.next_id, self.next_id + 1
-        self.bm.fork(self.holders[block][0], sid)
-        self.holders[block].append(sid)
-
-    def free(self, block):
-        if not self.holders.get(block):
-            raise ValueError("double free")
-        self.bm.free(self.holders[block].pop())
-
-    def ref_count(self, block):
-        return self.bm.ref_count(block)
-
-
-def test_lab02_2_correct_and_minillm_wrapped_pass():
-    check_lab02_2(BlockAllocator)
-    check_lab02_2(MinillmRefCounts)
-    check_lab02_2(type("Wrapped", (ReferenceAllocator,), {}))
-
-
-def test_lab02_2_rejects_the_reference_itself():
-    rejected(check_lab02_2, ReferenceAllocator, "minillm's own implementation", example=False)
+        super().__init__(num_blocks)
+        self.free_pool = deque(range(min(num_blocks, 256)))
 
 
 class FreeIgnoresRefCount(BlockAllocator):
@@ -208,6 +182,7 @@ class ReturnsNoneWhenEmpty(BlockAllocator):
 
 
 ALLOC_WRONG = {
+    FixedCapacity: "num_free_blocks",
     FreeIgnoresRefCount: "another table still holds it",
     NeverDecrements: "leaks",
     NoDoubleFreeCheck: "double free",
@@ -223,34 +198,40 @@ def test_lab02_2_wrong_implementations_fail(wrong):
 
 
 def test_lab02_2_blank_and_instance_fail():
-    class Blank:
+    class Blank:                        # the released starter: every method body is `raise NotImplementedError()`
         def __init__(self, num_blocks):
             raise NotImplementedError()
-    rejected(check_lab02_2, Blank, "not implemented yet")
-    rejected(check_lab02_2, BlockAllocator(4), "pass the class itself", example=False)
+
+        def allocate(self):
+            raise NotImplementedError()
+
+        share = free = ref_count = allocate
+    rejected(check_lab02_2, Blank, "not implemented yet", example=False)
+    rejected(check_lab02_2, type("NoShare", (), {"__module__": "__main__", "allocate": lambda self: 0}), "lacks",
+             example=False)
 
 
 # ---------------------------------------------------------------- lab02_3 block manager
 
-class MyBlockManager(BlockManagerScaffold):
-    allocator_class = BlockAllocator
-    slot_mapping_fn = staticmethod(slot_mapping)
+class MyBlockManager(BlockManager):
+    allocator_cls = BlockAllocator
+    slot_mapping_fn = slot_mapping
 
     def num_blocks_needed(self, seq_id, num_tokens):
         if seq_id not in self.tables:
-            return self._cdiv(num_tokens)
+            return self.cdiv(num_tokens)
         table = self.tables[seq_id]
-        new = max(0, self._cdiv(num_tokens) - len(table))
-        shared = [i for i in self._written_blocks(seq_id, num_tokens) if self.allocator.ref_count(table[i]) > 1]
+        new = max(0, self.cdiv(num_tokens) - len(table))
+        shared = [i for i in self.written_blocks(seq_id, num_tokens) if self.allocator.ref_count(table[i]) > 1]
         return new + len(shared)
 
     def append_slots(self, seq_id, num_tokens):
-        table = self._table(seq_id, "append_slots")
+        table = self.table(seq_id, "append_slots")
         need = self.num_blocks_needed(seq_id, num_tokens)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(f"need {need} blocks, {self.num_free_blocks} free")
         copies = []
-        for i in self._written_blocks(seq_id, num_tokens):
+        for i in self.written_blocks(seq_id, num_tokens):
             if self.allocator.ref_count(table[i]) > 1:
                 src, dst = table[i], self.allocator.allocate()
                 table[i] = dst
@@ -261,7 +242,7 @@ class MyBlockManager(BlockManagerScaffold):
         return copies
 
     def fork(self, parent_seq_id, child_seq_id):
-        table = self._table(parent_seq_id, "fork")
+        table = self.table(parent_seq_id, "fork")
         if child_seq_id in self.tables:
             raise ValueError(f"seq {child_seq_id} exists")
         for b in table:
@@ -278,47 +259,49 @@ class MyBlockManager(BlockManagerScaffold):
             self.allocator.free(b)
 
 
-class MinillmWrapped:
-    """minillm's BlockManager (no prefix caching) behind a thin wrapper: the learner's-own-class path."""
+class ReadsRefCountsDirectly(MyBlockManager):
+    """Correct, and reads its own allocator's `ref_counts` list instead of calling ref_count()."""
 
-    def __init__(self, num_blocks, block_size, enable_prefix_caching=False, hash_fn=None):
-        self._bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+    def num_blocks_needed(self, seq_id, num_tokens):
+        if seq_id not in self.tables:
+            return self.cdiv(num_tokens)
+        table = self.tables[seq_id]
+        shared = sum(self.allocator.ref_counts[table[i]] > 1 for i in self.written_blocks(seq_id, num_tokens))
+        return max(0, self.cdiv(num_tokens) - len(table)) + shared
 
-    def __getattr__(self, name):
-        return getattr(self._bm, name)
 
-
-def test_lab02_3_correct_and_minillm_wrapped_pass():
+def test_lab02_3_minillm_passes_and_learner_code_passes():
+    TASKS["lab02_3"].verify(BlockManager)
     check_lab02_3(MyBlockManager)
-    check_lab02_3(MinillmWrapped)
+    check_lab02_3(ReadsRefCountsDirectly)      # a correct allocator is graded as is: its attributes are there
 
 
 def test_lab02_3_solution_passes_with_its_own_allocator_and_mapping():
-    """What the plug-in runs: no isolation, the learner's allocator and slot mapping inside."""
-    from hypothesis import given, settings
+    """What the plug-in runs: the learner's allocator and slot mapping inside."""
     @settings(max_examples=80, deadline=None, derandomize=True, database=None)
-    @given(ops=props.operations())
+    @given(ops=operations())
     def run(ops):
-        props.run_operations(MyBlockManager, ops, num_blocks=6, block_size=2)
+        run_operations(MyBlockManager, ops, num_blocks=6, block_size=2, enable_prefix_caching=False)
     run()
-    props.check_fork_cow(MyBlockManager)
-    props.check_all_or_nothing(MyBlockManager)
-    props.check_bad_input(MyBlockManager)
-    props.check_prefix_caching_disabled(MyBlockManager)
+    kw = {"enable_prefix_caching": False}
+    for check in (props.check_fork_cow, props.check_all_or_nothing):
+        check(type("NoCache", (MyBlockManager,), {"__init__": lambda self, n, b, **k: MyBlockManager.__init__(
+            self, n, b, **kw)}))
 
 
-def test_lab02_3_rejects_minillm_itself_and_subclasses():
-    rejected(check_lab02_3, BlockManager, "minillm's own implementation", example=False)
-    rejected(check_lab02_3, BlockManager(4, 2), "minillm's own implementation", example=False)
-    rejected(check_lab02_3, type("Sub", (BlockManager,), {"__module__": "__main__"}), "inherits from minillm",
+def test_lab02_3_rejects_minillm_itself_and_delegation():
+    rejected(check_lab02_3, BlockManager, "minillm's own code", example=False)
+    rejected(check_lab02_3, type("Sub", (BlockManager,), {"__module__": "__main__"}), "does not define",
              example=False)
-    rejected(check_lab02_3, BlockManagerScaffold, "the scaffold itself", example=False)
+    calls_super = type("CallsSuper", (MyBlockManager,), {
+        "__module__": "__main__", "free": lambda self, seq_id: BlockManager.free(self, seq_id)})
+    rejected(check_lab02_3, calls_super, "runs minillm's own implementation", example=False)
 
 
 class NoCopyOnWrite(MyBlockManager):
     """Writes into the shared last block in place."""
 
-    def _written_blocks(self, seq_id, num_tokens):
+    def written_blocks(self, seq_id, num_tokens, num_computed_tokens=None):
         return []
 
 
@@ -334,12 +317,12 @@ class CowKeepsOldReference(MyBlockManager):
     """Copy-on-write without dropping the reference to the old block (a leak)."""
 
     def append_slots(self, seq_id, num_tokens):
-        table = self._table(seq_id, "append_slots")
+        table = self.table(seq_id, "append_slots")
         need = self.num_blocks_needed(seq_id, num_tokens)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError("out of blocks")
         copies = []
-        for i in self._written_blocks(seq_id, num_tokens):
+        for i in self.written_blocks(seq_id, num_tokens):
             if self.allocator.ref_count(table[i]) > 1:
                 src, dst = table[i], self.allocator.allocate()
                 table[i] = dst
@@ -379,7 +362,7 @@ class ForkCopiesWithoutSharing(MyBlockManager):
     """fork() copies the table but does not add references: the first free returns blocks the other still uses."""
 
     def fork(self, parent_seq_id, child_seq_id):
-        self.tables[child_seq_id] = list(self._table(parent_seq_id, "fork"))
+        self.tables[child_seq_id] = list(self.table(parent_seq_id, "fork"))
         self.computed[child_seq_id] = self.computed[parent_seq_id]
 
 
@@ -388,15 +371,15 @@ class NeededIgnoresCow(MyBlockManager):
 
     def num_blocks_needed(self, seq_id, num_tokens):
         if seq_id not in self.tables:
-            return self._cdiv(num_tokens)
-        return max(0, self._cdiv(num_tokens) - len(self.tables[seq_id]))
+            return self.cdiv(num_tokens)
+        return max(0, self.cdiv(num_tokens) - len(self.tables[seq_id]))
 
 
 class NotAllOrNothing(MyBlockManager):
     """Grabs blocks one by one and raises midway when the pool runs dry."""
 
     def append_slots(self, seq_id, num_tokens):
-        table = self._table(seq_id, "append_slots")
+        table = self.table(seq_id, "append_slots")
         while len(table) * self.block_size < num_tokens:
             if not self.num_free_blocks:
                 raise NoFreeBlocksError("out of blocks")
@@ -417,15 +400,15 @@ class CopiesEveryWrite(MyBlockManager):
 
     def num_blocks_needed(self, seq_id, num_tokens):
         if seq_id not in self.tables:
-            return self._cdiv(num_tokens)
-        return max(0, self._cdiv(num_tokens) - len(self.tables[seq_id])) + len(self._written_blocks(seq_id, num_tokens))
+            return self.cdiv(num_tokens)
+        return max(0, self.cdiv(num_tokens) - len(self.tables[seq_id])) + len(self.written_blocks(seq_id, num_tokens))
 
     def append_slots(self, seq_id, num_tokens):
-        table = self._table(seq_id, "append_slots")
+        table = self.table(seq_id, "append_slots")
         if self.num_blocks_needed(seq_id, num_tokens) > self.num_free_blocks:
             raise NoFreeBlocksError("out of blocks")
         copies = []
-        for i in self._written_blocks(seq_id, num_tokens):
+        for i in self.written_blocks(seq_id, num_tokens):
             src, dst = table[i], self.allocator.allocate()
             table[i] = dst
             self.allocator.free(src)
@@ -454,23 +437,19 @@ def test_lab02_3_wrong_implementations_fail(wrong):
     rejected(check_lab02_3, wrong, MANAGER_WRONG[wrong], "Calls (block_size")
 
 
-def test_lab02_3_blank_fails_and_unset_hooks_are_explained():
-    class Blank(BlockManagerScaffold):
-        allocator_class = BlockAllocator
-        slot_mapping_fn = staticmethod(slot_mapping)
-    rejected(check_lab02_3, Blank, "not implemented yet")
-
-    class NoHooks(MyBlockManager):
-        allocator_class = None
-    with pytest.raises(TypeError, match="allocator_class = BlockAllocator"):
-        NoHooks(4, 2)
+def test_lab02_3_blank_fails():
+    def blank(self, *args):
+        raise NotImplementedError()
+    Blank = type("Blank", (BlockManager,), {"__module__": "__main__", "allocator_cls": BlockAllocator,
+                                            **{m: blank for m in ("num_blocks_needed", "append_slots", "fork", "free")}})
+    rejected(check_lab02_3, Blank, "not implemented yet", example=False)
 
 
 def test_lab02_3_isolated_from_a_broken_allocator_and_mapping():
-    """Task 3 is graded with the grader's allocator and slot mapping: broken tasks 1-2 don't fail it."""
+    """Task 3 is graded with minillm's allocator and slot mapping when the learner's fail their own tasks."""
     class OnBrokenParts(MyBlockManager):
-        allocator_class = FreeIgnoresRefCount
-        slot_mapping_fn = staticmethod(SLOT_WRONG["swapped_div_mod"][0])
+        allocator_cls = FreeIgnoresRefCount
+        slot_mapping_fn = SLOT_WRONG["swapped_div_mod"][0]
     check_lab02_3(OnBrokenParts)
     with pytest.raises(Exception):
         props.check_fork_cow(OnBrokenParts)

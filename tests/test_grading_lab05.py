@@ -1,17 +1,18 @@
-"""lab05 checkers, graded both ways: minillm's own hash / lookup / LRU evictor pass (wrapped), the very objects
-and plausible wrong implementations fail. Plus: the learner's pieces plugged into the BlockManager keep it
-correct (the BlockManager property suite), and the checker's references agree with the engine."""
+"""lab05 checkers, graded both ways: minillm's own hash / lookup / LRU evictor pass the property suites; handed in
+as answers (as they are, wrapped, subclassed) they are refused, and plausible wrong implementations fail. Plus: the
+learner's pieces plugged into the BlockManager through its seams keep it correct (the BlockManager property suite),
+and the checker's oracles agree with the engine."""
 import functools
 import hashlib
 
 import pytest
 
 import minillm.grading.block_properties as props
-from minillm.grading.lab05 import (CachedBlock, PluggedBlockManager, ReferenceLRU, build_cache, cache_view,
-                                   check_lab05_1, check_lab05_2, check_lab05_3, reference_find_cached_prefix,
-                                   reference_hash)
+from minillm.grading.lab05 import (TASKS, build_cache, check_lab05_1, check_lab05_2, check_lab05_3,
+                                   reference_find_cached_prefix, reference_hash)
+from minillm.interfaces import CachedBlock
 from minillm.kv.block_manager import BlockManager
-from minillm.kv.prefix_cache import LRUEvictor, default_hash_fn
+from minillm.kv.prefix_cache import LRUEvictor, default_hash_fn, find_cached_prefix
 
 
 def rejected(checker, obj, *needles):
@@ -27,12 +28,13 @@ def rejected(checker, obj, *needles):
 # ---------------------------------------------------------------- lab05_1 the chained block hash
 
 def test_lab05_1_minillm_hash_passes():
-    check_lab05_1(lambda parent, tokens: default_hash_fn(parent, tokens))
+    TASKS["lab05_1"].verify(default_hash_fn)
 
 
 def test_lab05_1_rejects_minillm_hash_itself():
-    rejected(check_lab05_1, default_hash_fn, "minillm's own implementation", "default_hash_fn")
-    rejected(check_lab05_1, reference_hash, "minillm's own implementation")
+    rejected(check_lab05_1, default_hash_fn, "minillm's own answer", "default_hash_fn")
+    rejected(check_lab05_1, reference_hash, "minillm's own answer")
+    rejected(check_lab05_1, lambda parent, tokens: default_hash_fn(parent, tokens), "runs minillm's own")
 
 
 def _blake(data: bytes) -> int:
@@ -97,7 +99,7 @@ HASH_WRONG = {
     "sorted_ids": (hash_sorted_ids, "ORDER"),
     "joined_digits": (hash_joined_digits, "separator"),
     "parent_low_64_bits": (hash_parent_low_64_bits, "low 64 bits of the parent"),
-    "hexdigest": (hash_returns_hexdigest, "return a Python int"),
+    "hexdigest": (hash_returns_hexdigest, "must be an int"),
     "crc32": (hash_crc32, "64 bits or fewer"),
 }
 
@@ -117,34 +119,46 @@ def test_lab05_1_correct_learner_versions_pass():
 
 
 def test_lab05_1_learner_hash_plugs_into_block_manager():
-    """BlockManager(hash_fn=learner's) passes the BlockManager property suite's prefix-cache checks."""
-    class LearnerHashBM(BlockManager):
-        def __init__(self, num_blocks, block_size, enable_prefix_caching=True, hash_fn=None):
-            super().__init__(num_blocks, block_size, enable_prefix_caching, hash_fn=hash_fn or hash_correct_sha)
+    """BlockManager with the learner's hash (its hash_fn seam) passes the property suite's prefix-cache checks."""
+    LearnerHashBM = type("LearnerHashBM", (BlockManager,), {"hash_fn": staticmethod(hash_correct_sha)})
     props.check_prefix_reuse(LearnerHashBM)
     props.check_hash_chaining(LearnerHashBM)
 
 
+def test_lab05_1_aliasing_and_symmetric_chains_fail():
+    import numpy as np
+
+    def uint16_ids(parent, tokens):        # ids cast to 16 bits: id and id + 65536 collide
+        data = (b"N" if parent is None else parent.to_bytes(32, "little")) + np.array(tokens).astype(np.uint16).tobytes()
+        return int.from_bytes(hashlib.sha256(data).digest(), "little")
+
+    def xor_chain(parent, tokens):         # parent ^ H(block): the chain (A, B) equals (B, A)
+        own = int.from_bytes(hashlib.sha256(np.array(tokens, dtype=np.int64).tobytes()).digest(), "little")
+        return own if parent is None else parent ^ own
+    rejected(check_lab05_1, uint16_ids, "plus 2**16")
+    rejected(check_lab05_1, xor_chain, "symmetrically")
+
+
+def test_lab05_1_unshippable_hash_fails_with_a_message():
+    import threading
+    lock = threading.Lock()
+
+    def locked(parent, tokens):
+        with lock:
+            return hash_correct_sha(parent, tokens)
+    rejected(check_lab05_1, locked, "could not send hash_block to a fresh Python process")
+
+
 # ---------------------------------------------------------------- lab05_2 the prefix-cache lookup
 
-def minillm_lookup_on(token_ids, block_size, cache, hash_fn):
-    """minillm's own lookup (BlockManager._lookup) run on lab05's dict-shaped cache."""
-    n = 1 + max([e.block_id for e in cache.values()] + [-1])
-    bm = BlockManager(max(n, 1), block_size, hash_fn=hash_fn)
-    for h, e in cache.items():
-        bm._hash_to_block[h] = e.block_id
-        bm._block_hash[e.block_id] = h
-        bm._block_key[e.block_id] = (None if e.parent is None else (e.parent, 0), tuple(e.tokens))
-    return bm._lookup(token_ids, count_stats=False)[0]
-
-
 def test_lab05_2_minillm_lookup_passes():
-    check_lab05_2(minillm_lookup_on)
+    TASKS["lab05_2"].verify(find_cached_prefix)
 
 
-def test_lab05_2_rejects_the_reference_itself():
-    rejected(check_lab05_2, reference_find_cached_prefix, "minillm's own implementation")
-    rejected(check_lab05_2, BlockManager._lookup, "minillm's own implementation")
+def test_lab05_2_rejects_minillm_and_the_reference():
+    rejected(check_lab05_2, reference_find_cached_prefix, "itself")
+    rejected(check_lab05_2, find_cached_prefix, "itself")
+    rejected(check_lab05_2, lambda *a: find_cached_prefix(*a), "runs minillm's own implementation")
 
 
 def _find(token_ids, block_size, cache, hash_fn, *, cap=True, tokens=True, parent=True, stop=True,
@@ -198,41 +212,41 @@ def test_lab05_2_cannot_write_into_the_cache():
 # ---------------------------------------------------------------- lab05_3 the LRU evictor
 
 class WrappedLRU:
-    """minillm's LRUEvictor behind a wrapper: the learner's own class (composition, not a subclass)."""
+    """minillm's LRUEvictor behind a forwarding class (composition, not a subclass): refused by the tracer."""
 
     def __init__(self):
-        self._ev = LRUEvictor()
+        self.ev = LRUEvictor()
 
     def add(self, b):
-        self._ev.add(b)
+        self.ev.add(b)
 
     def remove(self, b):
-        self._ev.remove(b)
+        self.ev.remove(b)
 
     def pop_lru(self):
-        return self._ev.pop_lru()
+        return self.ev.pop_lru()
 
     def clear(self):
-        return self._ev.clear()
+        return self.ev.clear()
 
     def __len__(self):
-        return len(self._ev)
+        return len(self.ev)
 
     def __iter__(self):
-        return iter(self._ev)
+        return iter(self.ev)
 
 
 def test_lab05_3_minillm_evictor_passes():
-    check_lab05_3(WrappedLRU)
+    TASKS["lab05_3"].verify(LRUEvictor)
 
 
-def test_lab05_3_rejects_minillm_evictor_itself_and_subclasses():
-    rejected(check_lab05_3, LRUEvictor, "minillm's own implementation")
-    rejected(check_lab05_3, ReferenceLRU, "minillm's own implementation")
+def test_lab05_3_rejects_minillm_evictor_itself_wrapped_and_subclassed():
+    rejected(check_lab05_3, LRUEvictor, "minillm's own answer")
+    rejected(check_lab05_3, WrappedLRU, "runs minillm's own implementation")
 
     class Sub(LRUEvictor):
         pass
-    rejected(check_lab05_3, Sub, "subclasses")
+    rejected(check_lab05_3, Sub, "runs minillm's own implementation")
 
 
 class DictLRU:
@@ -359,6 +373,7 @@ EVICTOR_WRONG = {
     "fifo_by_first_insertion": (FirstInsertionFIFO, "LAST add, not first"),
     "clear_returns_none": (ClearReturnsNothing, "clear() returned None"),
     "pop_keeps_block": (PopKeepsBlock, "len() is"),
+    "byte_ids": (type("ByteIds", (DictLRU,), {"add": lambda self, b: DictLRU.add(self, b % 256)}), "expected"),
     "stack_pop": (StackLIFO, "MOST recently added"),
 }
 
@@ -381,12 +396,11 @@ def test_lab05_3_missing_method():
 
 # ---------------------------------------------------------------- the pieces inside the engine's BlockManager
 
-class AllLearnerPieces(PluggedBlockManager):
-    """PluggedBlockManager with correct learner-style pieces: must be as correct as minillm's BlockManager."""
-
-    def __init__(self, num_blocks, block_size, enable_prefix_caching=True, hash_fn=None):
-        super().__init__(num_blocks, block_size, enable_prefix_caching, hash_fn=hash_fn or hash_correct_sha,
-                         find_cached_prefix=functools.partial(_find), evictor_cls=DictLRU)
+class AllLearnerPieces(BlockManager):
+    """minillm's BlockManager with correct learner-style pieces in its seams: as correct as minillm's own."""
+    hash_fn = staticmethod(hash_correct_sha)
+    prefix_lookup = staticmethod(functools.partial(_find))
+    evictor_cls = DictLRU
 
 
 def test_plugged_block_manager_passes_the_block_manager_properties():
@@ -394,16 +408,14 @@ def test_plugged_block_manager_passes_the_block_manager_properties():
 
 
 def test_plugged_block_manager_with_a_wrong_lookup_serves_wrong_kv():
-    class NoTokenCheck(PluggedBlockManager):
-        def __init__(self, num_blocks, block_size, enable_prefix_caching=True, hash_fn=None):
-            super().__init__(num_blocks, block_size, enable_prefix_caching, hash_fn=hash_fn,
-                             find_cached_prefix=functools.partial(_find, tokens=False, parent=False))
-    with pytest.raises(AssertionError):
+    NoTokenCheck = type("NoTokenCheck", (BlockManager,), {
+        "prefix_lookup": staticmethod(functools.partial(_find, tokens=False, parent=False))})
+    with pytest.raises((AssertionError, ValueError)):
         props.check_collision_detection(NoTokenCheck)
 
 
-def test_cache_view_matches_lookup_and_stats():
-    """The engine's lookup and the reference lookup over cache_view() agree on a real BlockManager state."""
+def test_reference_lookup_agrees_with_the_engine_on_a_real_cache():
+    """The brute-force lookup over the BlockManager's cached_blocks view agrees with the engine's lookup."""
     bm = BlockManager(16, 2, hash_fn=lambda p, t: sum(t) % 3)            # weak hash: collisions galore
     prompts = [[1, 2, 3, 4, 5], [1, 2, 4, 3, 5, 6], [3, 4, 1, 2, 0]]
     for sid, p in enumerate(prompts):
@@ -412,7 +424,9 @@ def test_cache_view_matches_lookup_and_stats():
         bm.commit_computed(sid, p, len(p))
     bm.free(1)
     for q in ([1, 2, 3, 4, 9], [1, 2, 4, 3, 5, 6, 7], [3, 4, 1, 2], [4, 3, 1, 2, 2], [2, 1, 0]):
-        assert reference_find_cached_prefix(q, 2, cache_view(bm), bm.hash_fn) == bm._lookup(q, False)[0], q
+        ref = reference_find_cached_prefix(q, 2, bm.cached_blocks, bm.hash_fn)
+        assert ref == find_cached_prefix(q, 2, bm.cached_blocks, bm.hash_fn), q
+        assert len(ref) * 2 == bm.peek_prefix(q), q
 
 
 def test_build_cache_agrees_with_block_manager():
@@ -425,23 +439,11 @@ def test_build_cache_agrees_with_block_manager():
             bm.append_slots(sid, len(p))
             bm.commit_computed(sid, p, len(p))
         mine = build_cache(prompts, 2, fn)
-        view = dict(cache_view(bm))
+        view = dict(bm.cached_blocks)
         assert set(mine) == set(view)
         for q in prompts + [[0, 1, 2, 3, 0, 0, 5], [2, 2, 1, 1, 3, 3, 3]]:
             assert (len(reference_find_cached_prefix(q, 2, mine, fn))
-                    == len(reference_find_cached_prefix(q, 2, view, fn)) == len(bm._lookup(q, False)[0]))
-
-
-def test_reference_lru_matches_minillm():
-    a, b = ReferenceLRU(), LRUEvictor()
-    for op in [("add", 3), ("add", 1), ("add", 2), ("add", 3), ("remove", 2), ("add", 5), ("pop", None)]:
-        if op[0] == "pop":
-            assert a.pop_lru() == b.pop_lru()
-        else:
-            getattr(a, op[0])(op[1])
-            getattr(b, op[0])(op[1])
-        assert list(a) == list(b) and len(a) == len(b)
-    assert a.clear() == b.clear()
+                    == len(reference_find_cached_prefix(q, 2, view, fn)) == bm.peek_prefix(q) // 2)
 
 
 def test_reference_hash_is_chained_and_wide():

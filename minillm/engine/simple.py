@@ -42,10 +42,11 @@ def check_prompt_fits(num_prompt: int, max_model_len: int) -> None:
 class SimpleGenerator:
     """Batch-of-one generation for a loaded model. `stream()` yields tokens as they are produced."""
 
-    def __init__(self, model: LlamaModel, tokenizer, max_model_len: int | None = None) -> None:
+    def __init__(self, model: LlamaModel, tokenizer, max_model_len: int | None = None, backend=None) -> None:
+        """backend: the attention backend (default: the torch reference), e.g. one with a learner's attend_fn."""
         self.model, self.tokenizer = model, tokenizer
         self.max_model_len = max_model_len or model.cfg.max_position_embeddings
-        self.backend = TorchAttentionBackend()
+        self.backend = backend if backend is not None else TorchAttentionBackend()
         self.sampler = Sampler()
         self.eos_ids = eos_token_ids(tokenizer, model.cfg)
         self.last_timing: dict[str, float] = {}

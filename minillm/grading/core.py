@@ -150,48 +150,54 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
-def _codes(obj: Any) -> list[types.CodeType]:
-    """The code objects an object runs: a function's, every method of a class (its own and its bases' short of
-    object), the python function of a Triton kernel."""
+def _functions(obj: Any) -> list[types.FunctionType]:
+    """The Python functions an object runs: itself, every method of a class (its own and its bases' short of
+    object), the Python function of a Triton kernel."""
     obj = _unwrap(obj)
     fn = getattr(obj, "fn", None)                      # triton JITFunction / InterpretedFunction
     if fn is not None and inspect.isfunction(fn):
         obj = fn
     if inspect.isfunction(obj):
-        return [obj.__code__]
+        return [obj]
     if isinstance(obj, type):
-        return [c for k in obj.__mro__ if k is not object for v in vars(k).values() for c in _codes_of_member(v)]
+        return [f for k in obj.__mro__ if k is not object for v in vars(k).values() for f in _member_functions(v)]
     return []
 
 
-def _codes_of_member(v: Any) -> list[types.CodeType]:
+def _member_functions(v: Any) -> list[types.FunctionType]:
     v = _unwrap(v)
     if inspect.isfunction(v):
-        return [v.__code__]
+        return [v]
     if isinstance(v, property):
-        return [f.__code__ for f in (v.fget, v.fset, v.fdel) if inspect.isfunction(f)]
+        return [f for f in (v.fget, v.fset, v.fdel) if inspect.isfunction(f)]
     return []
 
 
-def _fingerprint(code: types.CodeType) -> tuple:
-    """The code's instructions with local names erased: a copy whose variables were renamed has the same one."""
+def _codes(obj: Any) -> list[types.CodeType]:
+    return [f.__code__ for f in _functions(obj)]
+
+
+def _fingerprint(code: types.CodeType, names: bool = False) -> tuple:
+    """The code's instructions, local names erased (names=False: a copy whose variables were renamed has the same
+    one) or kept (names=True: a verbatim copy)."""
     out = []
     for ins in dis.get_instructions(code):
         if ins.opname in ("RESUME", "NOP", "CACHE", "EXTENDED_ARG"):
             continue
         arg = ins.argval
         if inspect.iscode(arg):
-            arg = _fingerprint(arg)
+            arg = _fingerprint(arg, names)
         elif ins.opname in ("LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_CLOSURE", "LOAD_DEREF", "STORE_DEREF",
-                            "MAKE_CELL", "COPY_FREE_VARS", "LOAD_CONST") and not inspect.iscode(arg):
-            arg = ins.arg if ins.opname != "LOAD_CONST" else repr(arg)
+                            "MAKE_CELL", "COPY_FREE_VARS"):
+            arg = ins.argval if names else ins.arg
         elif isinstance(arg, (int, float, str, bytes, bool, type(None), tuple, frozenset)):
             arg = repr(arg)
         else:
             arg = type(arg).__name__
         if "JUMP" in ins.opname or ins.opname.startswith("FOR_ITER") or ins.opname.startswith("SEND"):
             arg = None                                  # offsets move when a docstring or comment changes lines
-        out.append((ins.opname, arg))
+        # 3.11's specializing interpreter rewrites a LOAD_METHOD on a module into a LOAD_ATTR in code that has run
+        out.append(("LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname, arg))
     return tuple(out)
 
 
@@ -199,13 +205,19 @@ def _size(fp: tuple) -> int:
     return sum(1 + (_size(a) if isinstance(a, tuple) and a and isinstance(a[0], tuple) else 0) for _, a in fp)
 
 
-COPY_MIN_INSTRUCTIONS = 30   # below this, two honest answers can coincide (a one-line formula)
+# Below these sizes two honest answers can coincide (a one-line formula): a copy with renamed variables must be
+# longer than COPY_MIN_INSTRUCTIONS, a verbatim copy (the same variable names too) longer than VERBATIM_MIN.
+COPY_MIN_INSTRUCTIONS = 30
+VERBATIM_MIN_INSTRUCTIONS = 12
 
 
 def _copied(answer_codes: list, reference_codes: list) -> bool:
-    refs = {_fingerprint(c) for c in reference_codes}
-    matched = [fp for fp in (_fingerprint(c) for c in answer_codes) if fp in refs]
-    return sum(_size(fp) for fp in matched) >= COPY_MIN_INSTRUCTIONS
+    for names, least in ((False, COPY_MIN_INSTRUCTIONS), (True, VERBATIM_MIN_INSTRUCTIONS)):
+        refs = {_fingerprint(c, names) for c in reference_codes}
+        matched = [fp for fp in (_fingerprint(c, names) for c in answer_codes) if fp in refs]
+        if sum(_size(fp) for fp in matched) >= least:
+            return True
+    return False
 
 
 def _qualname(obj: Any) -> str:
@@ -238,7 +250,7 @@ def reject_delegation(answer: Any, engine: Iterable[Any], oracles: Iterable[Any]
     owner = target if inspect.isfunction(target) or isinstance(target, type) else type(target)
     if _is_minillm(getattr(owner, "__module__", None)):
         fail(f"you submitted {_qualname(owner)}, which is minillm's own code.", _DELEGATES)
-    own = [c for c in _codes(owner) if not _is_library_file(c.co_filename)]
+    own = [f.__code__ for f in _functions(owner) if _is_learner_code(f.__code__, f.__globals__)]
     if own and _copied(own, [c for r in engine + oracles for c in _codes(r)]):
         fail("your answer is a copy of minillm's own implementation (the same code, maybe with other names).",
              _DELEGATES)
@@ -249,15 +261,32 @@ _LIBRARY_DIRS = tuple(os.path.realpath(p) + os.sep for p in
                       | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})   # the minillm package
 
 
-def _is_library_file(filename: str) -> bool:
-    if filename.startswith("<"):
-        return not filename.startswith("<ipython-input")
-    return os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+def _is_library_file(path: str) -> bool:
+    """Code of minillm, the standard library or an installed package (a pseudo-file like <string> counts too)."""
+    return path.startswith("<") or os.path.realpath(path).startswith(_LIBRARY_DIRS)
+
+
+def _is_learner_code(code: types.CodeType, globals_: dict) -> bool:
+    """Is this code the learner's (a notebook cell, a test's stand-in answer, code exec'd in either)? Judged by the
+    module its globals belong to, else by its file: what `exec` or a notebook compiles has no real file."""
+    name = globals_.get("__name__")
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    path = getattr(module, "__file__", None)
+    if path is None:
+        if name == "__main__":                       # a notebook's namespace, or code exec'd into it
+            return True
+        path = code.co_filename
+    return not _is_library_file(path)
+
+
+class _Delegated(BaseException):
+    """Raised by the tracer at the first forbidden call, to end the check early (the verdict is Watch.seen)."""
 
 
 class Watch:
     """A tracer for the duration of a check: notes when minillm's implementation of the piece runs (`engine`
-    code, at all) or the grader's oracle runs with the learner's code on the stack (`oracles`)."""
+    code, at all) or the grader's oracle runs with the learner's code on the stack (`oracles`), and stops the
+    check there (an answer that catches the stop still fails: `seen` is recorded first)."""
 
     def __init__(self, engine_codes: Iterable[types.CodeType], oracle_codes: Iterable[types.CodeType] = ()) -> None:
         self.engine, self.oracles = frozenset(engine_codes), frozenset(oracle_codes)
@@ -278,12 +307,13 @@ class Watch:
         code = frame.f_code
         if self.seen is None and (code in self.engine or (code in self.oracles and self._under_learner(frame))):
             self.seen, self.seen_engine = code, code in self.engine
+            raise _Delegated()
         return self.previous(frame, event, arg) if self.previous is not None else None
 
     def _under_learner(self, frame) -> bool:
         f = frame.f_back
         while f is not None and f is not self.entry:
-            if not _is_library_file(f.f_code.co_filename):
+            if _is_learner_code(f.f_code, f.f_globals):
                 return True
             f = f.f_back
         return False
@@ -347,7 +377,7 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: s
     )(test_fn)
     try:
         configured()
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, _Delegated):
         raise
     except BaseException as exc:  # noqa: BLE001 — the learner's code may raise anything
         example = _format_example(list(getattr(exc, "__notes__", []) or []))
@@ -406,6 +436,9 @@ class Task:
     def engine_objects(self) -> list:
         return list(self._engine())
 
+    def oracle_objects(self) -> list:
+        return list(self._oracles())
+
     def verify(self, obj: Any) -> None:
         __tracebackhide__ = True
         self._verify(obj)
@@ -416,12 +449,12 @@ class Task:
         if answer is None:
             fail(f"you passed None: pass {self.what} itself (the name defined in the answer cell), not the result "
                  "of calling it.")
+        engine, oracles = self.engine_objects(), self.oracle_objects()
+        reject_delegation(answer, engine, oracles)
         try:
-            obj = self._form(answer) if self._form is not None else answer
+            obj = self._form(answer)
         except NotImplementedError:
             fail(NOT_IMPLEMENTED)
-        engine, oracles = self.engine_objects(), list(self._oracles())
-        reject_delegation(answer, engine, oracles)
         watch = Watch([c for e in engine for c in _codes(e)], [c for o in oracles for c in _codes(o)])
         verdict = None
         with watch:
@@ -431,6 +464,8 @@ class Task:
                 verdict = e
             except NotImplementedError:
                 verdict = GradingError(NOT_IMPLEMENTED)
+            except _Delegated:
+                pass
         if watch.seen is not None:
             whose = "minillm's own implementation" if watch.seen_engine else "the grader's reference answer"
             fail(f"your {self.what} runs {whose} ({watch.seen.co_name} in {os.path.basename(watch.seen.co_filename)}) "
@@ -526,6 +561,7 @@ class _SealedModule(types.ModuleType):
         if not name.startswith("__"):
             record = _SEALED.get(types.ModuleType.__getattribute__(self, "__name__"))
             if record is not None and name in record.private:
+                verify_untampered()     # a graded cell's import checks the grading code before it gets a checker
                 return record.private[name]
         return types.ModuleType.__getattribute__(self, name)
 

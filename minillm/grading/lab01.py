@@ -2,30 +2,41 @@
 
 Tasks (the notebook documents the same signatures):
   lab01_1  attend(q, k, v, scale) -> out: attention of the last n positions over L cached keys,
-           q [n, H, D], k/v [L, KVH, D] -> [n, H, D]; causal; GQA: query head h reads kv head h // (H // KVH)
-           (MHA when KVH == H, MQA when KVH == 1). Same contract as minillm.layers.attention.causal_attend.
-  lab01_2  kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> int
+           q [n, H, D], k/v [L, KVH, D] -> [n, H, D] in q's dtype; causal; GQA: query head h reads kv head
+           h // (H // KVH). The AttendFn seam: TorchAttentionBackend(attend_fn=attend). minillm's own:
+           minillm.layers.attention.causal_attend.
+  lab01_2  kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes   (minillm: kv.sizing.kv_cache_bytes)
   lab01_3  max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> int
+           (minillm: kv.sizing.max_seqs_that_fit)
 
-lab01_1 is checked against a dense float64 reference written here (it does not call minillm's attention,
-so the checker is independent of the code it also grades in tests/).
+Oracles: dense causal attention in float64 (reference_attend); the bytes a KV cache for the shape really
+allocates (a minillm KVCache built on the meta device, so nothing is allocated); integer division of the free
+memory by one sequence's cache.
 """
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import diagnose, reject_reference, run_property
+from minillm.config import ModelConfig
+from minillm.grading.core import Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property, seal
 
-__all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3"]
-
-SMOLLM2 = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64)
+__all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3", "TASKS", "reference_attend"]
 
 
-# --------------------------------------------------------------------------- reference attention (float64)
+def _cfg(layers, heads, kv_heads, head_dim, hidden=None):
+    return ModelConfig(vocab_size=1000, hidden_size=hidden or heads * head_dim, intermediate_size=64,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+SMOLLM2 = _cfg(30, 9, 3, 64)
+LLAMA3_8B = _cfg(32, 32, 8, 128)
+LLAMA2_70B = _cfg(80, 64, 8, 128)
+
+
+# --------------------------------------------------------------------------- lab01_1: attention over a cache
 
 def reference_attend(q, k, v, scale, *, kv_head_of=None, query_offset=None, strict=False):
     """Dense causal attention in float64. Query i of n sits at absolute position L - n + i and sees keys
@@ -39,19 +50,30 @@ def reference_attend(q, k, v, scale, *, kv_head_of=None, query_offset=None, stri
     offset = L - n if query_offset is None else query_offset
     qpos = offset + torch.arange(n)[:, None]
     kpos = torch.arange(L)[None, :]
-    allowed = kpos < qpos if strict else kpos <= qpos
-    s = s.masked_fill(~allowed, float("-inf"))
+    s = s.masked_fill(~((kpos < qpos) if strict else (kpos <= qpos)), float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a fully masked row (only in broken variants) -> zeros
     return torch.einsum("hnl,lhd->nhd", p, vh)
 
 
-def _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude):
+# |error| allowed against the float64 reference computed from the same (rounded) inputs
+_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+def _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude, dtype=torch.float32, negative=False):
+    """Random q, k, v. negative=True: every score of every row is around -magnitude^2 (keys point away from the
+    queries), which underflows exp() unless each row's maximum is subtracted first."""
     g = torch.Generator().manual_seed(seed)
     H = kv_heads * group
     q = torch.randn(n, H, head_dim, generator=g) * magnitude
     k = torch.randn(L, kv_heads, head_dim, generator=g) * magnitude
     v = torch.randn(L, kv_heads, head_dim, generator=g)
-    return q, k, v
+    if negative:
+        direction = torch.randn(head_dim, generator=g)
+        direction = direction / direction.norm()
+        q = direction.expand(n, H, head_dim) * magnitude + 0.01 * q / max(magnitude, 1.0)
+        k = -direction.expand(L, kv_heads, head_dim) * magnitude + 0.3 * torch.randn(L, kv_heads, head_dim,
+                                                                                      generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 _ATTN_MISTAKES = [
@@ -79,95 +101,99 @@ def _variant(kw):
 
 def _diagnose_attend(attend, q, k, v, scale, tol):
     def same(out, alt):
-        return (isinstance(out, torch.Tensor) and out.shape == alt.shape
+        return (type(out) is torch.Tensor and out.shape == alt.shape
                 and torch.allclose(out.double(), alt.double(), atol=tol, rtol=tol))
-    probes = [(q, k, v, scale)] + [(*_make_inputs(n, L, kvh, g, d, seed, 1.0), 0.7)
-                                   for n, L, kvh, g, d, seed in _ATTN_PROBE_SHAPES]
+    probes = [(q.float(), k.float(), v.float(), scale)] + [(*_make_inputs(n, L, kvh, g, d, seed, 1.0), 0.7)
+                                                           for n, L, kvh, g, d, seed in _ATTN_PROBE_SHAPES]
     return diagnose(attend, [(why, _variant(kw)) for why, kw in _ATTN_MISTAKES], probes, same)
 
 
-# --------------------------------------------------------------------------- lab01_1
-
-def check_lab01_1(attend):
-    """attend(q [n,H,D], k [L,KVH,D], v [L,KVH,D], scale) -> [n,H,D], causal over the last n positions, GQA."""
-    __tracebackhide__ = True
-    from minillm.layers.attention import causal_attend  # only to recognise it, never called here
-    reject_reference(attend, causal_attend)
-
+def verify_lab01_1(attend):
     @given(L=st.integers(1, 24), n_frac=st.floats(0.0, 1.0), kv_heads=st.integers(1, 4), group=st.integers(1, 4),
            head_dim=st.sampled_from([1, 2, 4, 8, 16]), scale=st.floats(0.05, 2.0),
-           magnitude=st.sampled_from([1.0, 0.1, 30.0]), seed=st.integers(0, 2**16))
-    @example(L=1, n_frac=1.0, kv_heads=1, group=1, head_dim=4, scale=0.5, magnitude=1.0, seed=0)      # one token
-    @example(L=6, n_frac=0.0, kv_heads=2, group=2, head_dim=4, scale=0.5, magnitude=1.0, seed=1)      # decode
-    @example(L=5, n_frac=1.0, kv_heads=1, group=3, head_dim=4, scale=0.5, magnitude=1.0, seed=2)      # MQA prefill
-    @example(L=7, n_frac=0.5, kv_heads=2, group=3, head_dim=8, scale=0.35, magnitude=1.0, seed=3)     # suffix, GQA
-    @example(L=4, n_frac=1.0, kv_heads=2, group=1, head_dim=8, scale=1.0, magnitude=30.0, seed=4)     # huge logits
-    def prop(L, n_frac, kv_heads, group, head_dim, scale, magnitude, seed):
+           magnitude=st.sampled_from([1.0, 0.1, 30.0]), seed=st.integers(0, 2**16),
+           dtype=st.sampled_from([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+           negative=st.booleans())
+    @example(L=1, n_frac=1.0, kv_heads=1, group=1, head_dim=4, scale=0.5, magnitude=1.0, seed=0,       # one token
+             dtype=torch.float32, negative=False)
+    @example(L=6, n_frac=0.0, kv_heads=2, group=2, head_dim=4, scale=0.5, magnitude=1.0, seed=1,       # decode
+             dtype=torch.float32, negative=False)
+    @example(L=5, n_frac=1.0, kv_heads=1, group=3, head_dim=4, scale=0.5, magnitude=1.0, seed=2,       # MQA prefill
+             dtype=torch.float32, negative=False)
+    @example(L=7, n_frac=0.5, kv_heads=2, group=3, head_dim=8, scale=0.35, magnitude=1.0, seed=3,      # suffix, GQA
+             dtype=torch.float32, negative=False)
+    @example(L=4, n_frac=1.0, kv_heads=2, group=1, head_dim=8, scale=1.0, magnitude=30.0, seed=4,      # huge logits
+             dtype=torch.float32, negative=False)
+    @example(L=9, n_frac=0.0, kv_heads=1, group=2, head_dim=16, scale=1.0, magnitude=40.0, seed=5,     # all scores
+             dtype=torch.float32, negative=True)                                                        # ~ -1600
+    @example(L=6, n_frac=0.5, kv_heads=2, group=2, head_dim=8, scale=0.5, magnitude=1.0, seed=6,       # bfloat16
+             dtype=torch.bfloat16, negative=False)
+    def prop(L, n_frac, kv_heads, group, head_dim, scale, magnitude, seed, dtype, negative):
         n = max(1, round(n_frac * L))
-        q, k, v = _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude)
+        if dtype in (torch.bfloat16, torch.float16):   # ~3 digits: large scores would not be comparable
+            magnitude, negative = min(magnitude, 1.0), False
+        q, k, v = _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude, dtype, negative)
         q0, k0, v0 = q.clone(), k.clone(), v.clone()
-        shapes = f"q {tuple(q.shape)}, k/v {tuple(k.shape)}"
-        out = attend(q, k, v, scale)
-        if not isinstance(out, torch.Tensor):
-            assert False, f"attend must return a torch.Tensor, got {type(out).__name__} ({shapes})"
+        shapes = f"q {tuple(q.shape)} {str(dtype).removeprefix('torch.')}, k/v {tuple(k.shape)}"
+        out = as_tensor(attend(q, k, v, scale), f"attend's result ({shapes})")
         if not (torch.equal(q, q0) and torch.equal(k, k0) and torch.equal(v, v0)):
-            assert False, (f"attend modified its inputs in place ({shapes}): in the engine k and v are the "
-                           "KV cache itself — never write to them")
+            fail(f"attend modified its inputs in place ({shapes}): in the engine k and v are the KV cache itself "
+                 "— never write to them")
         if tuple(out.shape) != (n, kv_heads * group, head_dim):
-            assert False, f"output shape {tuple(out.shape)}, expected {(n, kv_heads * group, head_dim)} ({shapes})"
-        if out.dtype != q.dtype:
-            assert False, f"output dtype {out.dtype}, expected {q.dtype} (same as q)"
+            fail(f"output shape {tuple(out.shape)}, expected {(n, kv_heads * group, head_dim)} ({shapes})")
+        if out.dtype != dtype:
+            fail(f"output dtype {out.dtype}, expected {dtype} (the same as q): the engine's next layer runs in "
+                 "the model's dtype")
+        big = magnitude > 10
         if not torch.isfinite(out).all():
-            why = ("" if magnitude < 10 else " — the scores here are in the hundreds: exp() overflows float32 "
-                   "unless you subtract each row's maximum score before exponentiating")
-            assert False, f"output has inf/nan for {shapes}, scale={scale:g}{why}"
-        ref = reference_attend(q, k, v, scale)
-        tol = 1e-3 if magnitude > 10 else 1e-4
+            fail(f"output has inf/nan for {shapes}, scale={scale:g}" +
+                 (" — the scores here are far from 0: exp() overflows (or every exp underflows to 0 and you divide "
+                  "0 by 0) unless you subtract each row's maximum score before exponentiating" if big else ""))
+        ref = reference_attend(q0, k0, v0, scale)
+        tol = _TOL[dtype] * (10 if big and dtype in (torch.float32, torch.float64) else 1)
         err = (out.double() - ref).abs()
-        if not torch.allclose(out.double(), ref, atol=tol, rtol=tol):
-            i, h, _ = divmod_index(int(err.argmax()), out.shape)
-            why = _diagnose_attend(attend, q, k, v, scale, tol)
-            if why is None and magnitude > 10:
-                why = ("the scores here are in the hundreds: exp() of them overflows float32 unless you subtract "
-                       "each row's maximum score first")
-            assert False, (f"wrong output for {shapes}, scale={scale:g}: max error {float(err.max()):.3g} at "
-                           f"query {i} (position {L - n + i} of {L}), head {h}" + (f" — {why}" if why else ""))
+        if torch.allclose(out.double(), ref, atol=tol, rtol=tol):
+            return
+        i, rest = divmod(int(err.argmax()), out.shape[1] * out.shape[2])
+        why = _diagnose_attend(attend, q0, k0, v0, scale, max(tol, 1e-4))
+        if why is None and big:
+            why = ("the scores here are far from 0: exp() of them overflows or underflows unless you subtract "
+                   "each row's maximum score first")
+        fail(f"wrong output for {shapes}, scale={scale:g}: max error {float(err.max()):.3g} at query {i} "
+             f"(position {L - n + i} of {L}), head {rest // out.shape[2]}" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=80,
                  hint="scores = scale · q·k for head h against kv head h // (H // KVH); mask keys after "
                       "position L - n + i for query i; softmax over keys (subtract the row max first); "
-                      "weighted sum of v.")
+                      "weighted sum of v; return q's dtype.")
 
 
-def divmod_index(flat, shape):
-    n, H, D = shape
-    i, rest = divmod(flat, H * D)
-    h, d = divmod(rest, D)
-    return i, h, d
+# --------------------------------------------------------------------------- lab01_2 and lab01_3: sizing
 
+_DTYPE_OF_BYTES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}
 
-# --------------------------------------------------------------------------- lab01_2 and lab01_3
 
 def kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes):
-    """K and V (2), for every layer, every kv head, every dimension, every token of every sequence."""
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * batch_size * seq_len * dtype_bytes
+    """What a KV cache of this shape allocates: minillm's KVCache built on the meta device (no memory)."""
+    from minillm.kv.cache import KVCache
+    cache = KVCache(cfg, num_blocks=batch_size, block_size=seq_len, dtype=_DTYPE_OF_BYTES[dtype_bytes],
+                    device="meta")
+    return cache.nbytes
 
 
 def max_num_seqs_ref(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes):
-    """How many sequences of seq_len tokens fit in what the weights leave free (never negative)."""
-    free = memory_bytes - weight_bytes
-    per_seq = kv_cache_bytes_ref(cfg, 1, seq_len, dtype_bytes)
-    return max(0, int(free // per_seq))
+    """Whole sequences that fit in what the weights leave free (never negative)."""
+    return max(0, (memory_bytes - weight_bytes) // kv_cache_bytes_ref(cfg, 1, seq_len, dtype_bytes))
 
 
 @st.composite
 def _kv_configs(draw):
     kv_heads = draw(st.integers(1, 16))
-    group = draw(st.integers(1, 8))
+    heads = kv_heads * draw(st.integers(1, 8))
     head_dim = draw(st.sampled_from([32, 64, 80, 128, 256]))
-    heads = kv_heads * group
-    return SimpleNamespace(hidden_size=heads * head_dim, num_layers=draw(st.integers(1, 128)),
-                           num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    # hidden_size need not be heads x head_dim: an answer that derives head_dim = hidden // heads is wrong
+    hidden = draw(st.sampled_from([heads * head_dim, 2048, 3072, 4096]))
+    return _cfg(draw(st.integers(1, 128)), heads, kv_heads, head_dim, hidden)
 
 
 _KV_MISTAKES = [
@@ -177,46 +203,41 @@ _KV_MISTAKES = [
      lambda c, b, s, d: 2 * c.num_kv_heads * c.head_dim * b * s * d),
     ("only the kv heads are cached (GQA/MQA): use num_kv_heads, not num_heads",
      lambda c, b, s, d: 2 * c.num_layers * c.num_heads * c.head_dim * b * s * d),
-    ("hidden_size is the width of Q, not of K/V: use num_kv_heads · head_dim",
+    ("hidden_size is the model's width, not the width of K/V: use num_kv_heads · head_dim",
      lambda c, b, s, d: 2 * c.num_layers * c.hidden_size * b * s * d),
+    ("head_dim is given: hidden_size // num_heads need not equal it",
+     lambda c, b, s, d: 2 * c.num_layers * c.num_kv_heads * (c.hidden_size // c.num_heads) * b * s * d),
     ("count bytes, not elements: multiply by dtype_bytes",
      lambda c, b, s, d: 2 * c.num_layers * c.num_kv_heads * c.head_dim * b * s),
     ("every sequence of the batch has its own cache: multiply by batch_size",
      lambda c, b, s, d: 2 * c.num_layers * c.num_kv_heads * c.head_dim * s * d),
 ]
-_KV_PROBES = [(SimpleNamespace(hidden_size=2048, num_layers=5, num_heads=8, num_kv_heads=2, head_dim=128), 3, 100, 4),
-              (SimpleNamespace(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64), 2, 7, 1)]
+_KV_PROBES = [(_cfg(5, 8, 2, 128, 2048), 3, 100, 4), (_cfg(30, 9, 3, 64), 2, 7, 1),
+              (_cfg(4, 8, 4, 256, 1024), 1, 3, 2)]
 
 
 def _same_number(a, b):
-    return _is_number(a) and float(a) == float(b)
+    return type(a) in (int, float) and a == b
 
 
-def _is_number(x):
-    return not isinstance(x, bool) and (isinstance(x, (int, float)) or hasattr(x, "__float__"))
-
-
-def check_lab01_2(kv_cache_bytes):
-    """kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache."""
-    __tracebackhide__ = True
-    from minillm.config import ModelConfig
-    reject_reference(kv_cache_bytes, kv_cache_bytes_ref, ModelConfig.kv_bytes_per_token)
-
+def verify_lab01_2(kv_cache_bytes):
     @given(cfg=_kv_configs(), batch_size=st.integers(1, 256), seq_len=st.integers(1, 131072),
            dtype_bytes=st.sampled_from([2, 1, 4]))
-    @example(cfg=SimpleNamespace(**SMOLLM2), batch_size=1, seq_len=8192, dtype_bytes=2)
+    @example(cfg=SMOLLM2, batch_size=1, seq_len=8192, dtype_bytes=2)
+    @example(cfg=_cfg(4, 8, 4, 256, 1024), batch_size=2, seq_len=10, dtype_bytes=2)     # head_dim != hidden / heads
     def prop(cfg, batch_size, seq_len, dtype_bytes):
         got = kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes)
-        if not _is_number(got):
-            assert False, f"kv_cache_bytes must return a number of bytes, got {got!r}"
+        if type(got) is float and got.is_integer():
+            got = int(got)
+        got = as_int(got, "kv_cache_bytes's result (a whole number of bytes)")
         ref = kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes)
-        if float(got) == ref:
+        if got == ref:
             return
         why = diagnose(kv_cache_bytes, _KV_MISTAKES, [(cfg, batch_size, seq_len, dtype_bytes)] + _KV_PROBES,
                        _same_number)
-        assert False, (f"kv_cache_bytes = {float(got):.0f}, expected {ref} for num_layers={cfg.num_layers}, "
-                       f"num_heads={cfg.num_heads}, num_kv_heads={cfg.num_kv_heads}, head_dim={cfg.head_dim}"
-                       + (f" — {why}" if why else ""))
+        fail(f"kv_cache_bytes = {got}, expected {ref} for num_layers={cfg.num_layers}, num_heads={cfg.num_heads}, "
+             f"num_kv_heads={cfg.num_kv_heads}, head_dim={cfg.head_dim}, hidden_size={cfg.hidden_size}"
+             + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=60,
                  hint="bytes = 2 (K and V) · num_layers · num_kv_heads · head_dim · batch_size · seq_len · "
@@ -241,44 +262,70 @@ _SEQS_MISTAKES = [
 ] + [("the per-sequence KV size is off: " + why,
       (lambda wrong: lambda c, m, w, s, d: max(0, int((m - w) // wrong(c, 1, s, d))))(wrong))
      for why, wrong in _KV_MISTAKES if "batch_size" not in why]
-_SEQS_PROBES = [(SimpleNamespace(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128),
-                 24 * 2**30, 15 * 2**30, 8192, 2),
-                (SimpleNamespace(hidden_size=1024, num_layers=6, num_heads=8, num_kv_heads=2, head_dim=128),
-                 10**9 + 12345, 3 * 10**8, 1000, 4),
-                (SimpleNamespace(hidden_size=1024, num_layers=6, num_heads=8, num_kv_heads=2, head_dim=128),
-                 10**9, 2 * 10**9, 1000, 4)]
+_SEQS_PROBES = [(LLAMA3_8B, 24 * 2**30, 15 * 2**30, 8192, 2),
+                (_cfg(6, 8, 2, 128, 1024), 10**9 + 12345, 3 * 10**8, 1000, 4),
+                (_cfg(6, 8, 2, 128, 1024), 10**9, 2 * 10**9, 1000, 4),
+                (_cfg(4, 8, 4, 256, 1024), 10**8, 10**7, 100, 2)]
 
 
-def check_lab01_3(max_num_seqs):
-    """max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit."""
-    __tracebackhide__ = True
-    reject_reference(max_num_seqs, max_num_seqs_ref)
-
+def verify_lab01_3(max_num_seqs):
     @given(cfg=_kv_configs(), memory_gib=st.integers(1, 320), weight_frac=st.floats(0.0, 1.3),
            seq_len=st.integers(1, 131072), dtype_bytes=st.sampled_from([2, 1, 4]))
-    @example(cfg=SimpleNamespace(**SMOLLM2), memory_gib=1, weight_frac=0.5, seq_len=8192, dtype_bytes=2)
-    @example(cfg=SimpleNamespace(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128),
-             memory_gib=80, weight_frac=1.75, seq_len=4096, dtype_bytes=2)              # 70B fp16 on one 80 GB GPU
-    @example(cfg=SimpleNamespace(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128),
-             memory_gib=24, weight_frac=0.625, seq_len=8192, dtype_bytes=2)             # 8B fp16 on 24 GB
+    @example(cfg=SMOLLM2, memory_gib=1, weight_frac=0.5, seq_len=8192, dtype_bytes=2)
+    @example(cfg=LLAMA2_70B, memory_gib=80, weight_frac=1.75, seq_len=4096, dtype_bytes=2)   # 70B fp16 on 80 GB
+    @example(cfg=LLAMA3_8B, memory_gib=24, weight_frac=0.625, seq_len=8192, dtype_bytes=2)   # 8B fp16 on 24 GB
     def prop(cfg, memory_gib, weight_frac, seq_len, dtype_bytes):
         memory = memory_gib * 2**30
         weights = int(weight_frac * memory)
         got = max_num_seqs(cfg, memory, weights, seq_len, dtype_bytes)
-        if not _is_number(got) or float(got) != int(float(got)):
-            assert False, f"max_num_seqs must return a whole number of sequences, got {got!r}"
+        got = as_int(got, "max_num_seqs's result (a whole number of sequences)")
         ref = max_num_seqs_ref(cfg, memory, weights, seq_len, dtype_bytes)
-        if int(got) == ref:
+        if got == ref:
             return
-        free, per = memory - weights, kv_cache_bytes_ref(cfg, 1, seq_len, dtype_bytes)
+        free, per = memory - weights, _per_seq(cfg, seq_len, dtype_bytes)
         why = diagnose(max_num_seqs, _SEQS_MISTAKES, [(cfg, memory, weights, seq_len, dtype_bytes)] + _SEQS_PROBES,
                        _same_number)
-        assert False, (f"max_num_seqs = {got}, expected {ref} (free memory {free / 2**30:.3g} GiB, KV per "
-                       f"sequence {per / 2**30:.3g} GiB)" + (f" — {why}" if why else ""))
+        fail(f"max_num_seqs = {got}, expected {ref} (free memory {free / 2**30:.3g} GiB, KV per sequence "
+             f"{per / 2**30:.3g} GiB)" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=60,
                  hint="free = memory_bytes - weight_bytes; each sequence needs kv_cache_bytes(cfg, 1, seq_len, "
                       "dtype_bytes); the answer is floor(free / per_sequence), and 0 if free < 0.")
 
 
-__all__ += ["reference_attend", "kv_cache_bytes_ref", "max_num_seqs_ref"]
+# --------------------------------------------------------------------------- the tasks
+
+TASKS = {t.id: t for t in (
+    Task("lab01_1", what="attend", verify=verify_lab01_1,
+         engine=minillm_objects("minillm.layers.attention:causal_attend", "minillm.layers.attention:gqa_attend",
+                                "minillm.layers.attention:paged_decode_attend"),
+         oracles=lambda: [reference_attend]),
+    Task("lab01_2", what="kv_cache_bytes", verify=verify_lab01_2,
+         engine=minillm_objects("minillm.kv.sizing:kv_cache_bytes", "minillm.config:ModelConfig.kv_bytes_per_token",
+                                "minillm.kv.cache:KVCache.bytes_per_block"),
+         oracles=lambda: [kv_cache_bytes_ref]),
+    Task("lab01_3", what="max_num_seqs", verify=verify_lab01_3,
+         engine=minillm_objects("minillm.kv.sizing:max_seqs_that_fit", "minillm.kv.sizing:kv_tokens_that_fit"),
+         oracles=lambda: [max_num_seqs_ref]),
+)}
+
+
+def check_lab01_1(attend):
+    """attend(q [n,H,D], k [L,KVH,D], v [L,KVH,D], scale) -> [n,H,D], causal over the last n positions, GQA."""
+    __tracebackhide__ = True
+    TASKS["lab01_1"].check(attend)
+
+
+def check_lab01_2(kv_cache_bytes):
+    """kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache."""
+    __tracebackhide__ = True
+    TASKS["lab01_2"].check(kv_cache_bytes)
+
+
+def check_lab01_3(max_num_seqs):
+    """max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit."""
+    __tracebackhide__ = True
+    TASKS["lab01_3"].check(max_num_seqs)
+
+
+seal(globals())

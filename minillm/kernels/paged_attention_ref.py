@@ -10,6 +10,14 @@ from __future__ import annotations
 import torch
 
 
+def gather_kv(cache: torch.Tensor, block_table, seq_len: int) -> torch.Tensor:
+    """K (or V) of positions 0 .. seq_len-1 of one sequence, read through its block table from a paged cache
+    [num_blocks, block_size, KVH, D] (any strides) -> [seq_len, KVH, D]."""
+    block_size = cache.shape[1]
+    blocks = torch.as_tensor(block_table)[: (int(seq_len) + block_size - 1) // block_size].long()
+    return cache[blocks].flatten(0, 1)[: int(seq_len)]
+
+
 def paged_attention_decode_ref(
     q: torch.Tensor,  # [S, H, D], one query token per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
@@ -26,10 +34,8 @@ def paged_attention_decode_ref(
         n = int(seq_lens[s])
         if n == 0:
             continue
-        n_blocks = (n + block_size - 1) // block_size
-        blocks = block_tables[s, :n_blocks].long()
-        k = k_cache[blocks].reshape(-1, KVH, D)[:n].float()  # [n, KVH, D]
-        v = v_cache[blocks].reshape(-1, KVH, D)[:n].float()
+        k = gather_kv(k_cache, block_tables[s], n).float()  # [n, KVH, D]
+        v = gather_kv(v_cache, block_tables[s], n).float()
         k = k.repeat_interleave(group, dim=1)  # [n, H, D]: head h uses kv head h // group
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [H, n]

@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any, Callable
 
-from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit
+from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
 from minillm.models.catalog import model_shape
 from minillm.quant.memory import weight_bytes
 from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
@@ -33,6 +33,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "kv_cache_bytes": kv_cache_bytes,              # (config, tokens, dtype_bytes=2)
     "kv_bytes_per_token": _kv_bytes_per_token,     # (model, dtype_bytes=2)
     "kv_tokens_that_fit": kv_tokens_that_fit,      # (config, budget_bytes, dtype_bytes=2)
+    "max_seqs_that_fit": max_seqs_that_fit,        # (config, memory_bytes, weight_bytes, seq_len, dtype_bytes=2)
     "weight_bytes": weight_bytes,                  # (num_params, bits, group_size=None, scale_bits=16)
     "num_params": _num_params,                     # (model)
     "expected_tokens_per_step": expected_tokens_per_step,  # (alpha, k)

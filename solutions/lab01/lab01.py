@@ -168,8 +168,7 @@ params = SamplingParams(temperature=0, max_tokens=16)
 reference = SimpleGenerator(model, tok)                            # minillm's own attention
 text_ref, ids_ref = reference.generate(prompt_ids, params)
 
-mine = SimpleGenerator(model, tok)
-mine.backend = TorchAttentionBackend(attend_fn=attend)             # your attention, every layer, every step
+mine = SimpleGenerator(model, tok, backend=TorchAttentionBackend(attend_fn=attend))   # yours, every layer and step
 text_mine, ids_mine = mine.generate(prompt_ids, params)
 
 logits_ref = reference.forward_logits(reference.new_cache(len(prompt_ids)), prompt_ids, 0)

@@ -45,7 +45,6 @@ from minillm.bench.kv import kv_bench
 from minillm.bench.workload import WorkloadSpec, make_workload
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
-from minillm.grading.lab02 import BlockManagerScaffold, check_lab02_1, check_lab02_2, check_lab02_3
 from minillm.kv.block_manager import BlockManager, NoFreeBlocksError
 from minillm.loading.loader import load_model
 from minillm.sampling.params import SamplingParams
@@ -233,18 +232,21 @@ from minillm.grading.lab02 import check_lab02_2; check_lab02_2(BlockAllocator)
 # %% [markdown]
 # ## Task 3 — the block manager: append, fork, copy-on-write, free (4 points)
 #
-# The scheduler and the model runner talk to a block manager. `BlockManagerScaffold` (imported above; read it
-# with `BlockManagerScaffold??`) does the bookkeeping around your code:
+# The scheduler talks to a block manager (`minillm/kv/block_manager.py`). Its *paging core* is four methods;
+# everything else — admitting a prompt, the slot mapping, recording what was computed, prefix caching — is
+# built around them. You write the core in a subclass of minillm's `BlockManager` (read it with
+# `BlockManager??`); what the base class gives you:
 #
-# | scaffold gives you | |
+# | you get | |
 # |---|---|
-# | `self.allocator` | a `BlockAllocator` (yours, from task 2) over the pool's `num_blocks` blocks |
+# | `self.allocator` | an instance of the class attribute `allocator_cls` — set it to your `BlockAllocator` (task 2) |
+# | `slot_mapping_fn` | a class attribute — set it to your `slot_mapping` (task 1); `self.slot_mapping(seq, start, end)` calls it |
 # | `self.tables[seq_id]` | the sequence's block table (a list you may modify in place) |
 # | `self.computed[seq_id]` | how many of its positions already hold computed K/V |
-# | `self._table(seq_id, "op")` | the table, or a `KeyError` naming the unknown `seq_id` |
-# | `self._cdiv(n)` | ⌈n / block_size⌉ |
-# | `self._written_blocks(seq_id, num_tokens)` | indices *into the table* of the blocks the sequence already has that positions `[computed, num_tokens)` fall in |
-# | `num_free_blocks`, `allocate_prompt`, `slot_mapping` (yours, task 1), `commit_computed`, `block_table`, `ref_count`, `usage`, ... | what the engine also calls |
+# | `self.table(seq_id, "op")` | the table, or a `KeyError` naming the unknown `seq_id` |
+# | `self.cdiv(n)` | ⌈n / block_size⌉ |
+# | `self.written_blocks(seq_id, num_tokens)` | indices *into the table* of the blocks the sequence already has that positions `[computed, num_tokens)` fall in |
+# | `num_free_blocks`, `allocate_prompt`, `commit_computed`, `block_table`, `ref_count`, `usage`, ... | what the engine also calls |
 #
 # The engine's loop for one sequence is: `allocate_prompt(seq, prompt)` (an empty table) → every step
 # `append_slots(seq, computed + new)` → the forward pass writes the new tokens' K/V into
@@ -271,32 +273,33 @@ from minillm.grading.lab02 import check_lab02_2; check_lab02_2(BlockAllocator)
 #
 # The checker drives your class like the engine does, with a simulated KV pool that records what every write
 # stores, and after every call reads back every live sequence: a missing copy-on-write, a block freed while
-# another sequence still uses it, or a leaked reference all show up. It runs your class with the grader's own
-# allocator and slot mapping, so this task is graded on its own; the plug-in below uses all of your code.
+# another sequence still uses it, or a leaked reference all show up. It runs your class with prefix caching off
+# and with your allocator and slot mapping (if one of them does not pass its own task yet, minillm's stands in,
+# so this task is graded on its own); the plug-in below uses all of your code.
 
 # %% nbgrader="answer"
-class MyBlockManager(BlockManagerScaffold):
-    allocator_class = BlockAllocator                # your task-2 allocator
-    slot_mapping_fn = staticmethod(slot_mapping)    # your task-1 slot mapping
+class MyBlockManager(BlockManager):
+    allocator_cls = BlockAllocator                  # your task-2 allocator
+    slot_mapping_fn = slot_mapping                  # your task-1 slot mapping
 
     def num_blocks_needed(self, seq_id, num_tokens):
         ### BEGIN SOLUTION
         if seq_id not in self.tables:
-            return self._cdiv(num_tokens)
+            return self.cdiv(num_tokens)
         table = self.tables[seq_id]
-        new = max(0, self._cdiv(num_tokens) - len(table))
-        shared = [i for i in self._written_blocks(seq_id, num_tokens) if self.allocator.ref_count(table[i]) > 1]
+        new = max(0, self.cdiv(num_tokens) - len(table))
+        shared = [i for i in self.written_blocks(seq_id, num_tokens) if self.allocator.ref_count(table[i]) > 1]
         return new + len(shared)
         ### END SOLUTION
 
     def append_slots(self, seq_id, num_tokens):
         ### BEGIN SOLUTION
-        table = self._table(seq_id, "append_slots")
+        table = self.table(seq_id, "append_slots")
         needed = self.num_blocks_needed(seq_id, num_tokens)
         if needed > self.num_free_blocks:
             raise NoFreeBlocksError(f"seq {seq_id} needs {needed} blocks, {self.num_free_blocks} are free")
         copies = []
-        for i in self._written_blocks(seq_id, num_tokens):
+        for i in self.written_blocks(seq_id, num_tokens):
             if self.allocator.ref_count(table[i]) > 1:        # shared: copy before writing
                 src, dst = table[i], self.allocator.allocate()
                 table[i] = dst
@@ -309,7 +312,7 @@ class MyBlockManager(BlockManagerScaffold):
 
     def fork(self, parent_seq_id, child_seq_id):
         ### BEGIN SOLUTION
-        table = self._table(parent_seq_id, "fork")
+        table = self.table(parent_seq_id, "fork")
         if child_seq_id in self.tables:
             raise ValueError(f"fork: seq {child_seq_id} already exists")
         for b in table:
@@ -376,7 +379,7 @@ def run(block_manager):
 
 
 ref_out, ref_trace, _ = run(BlockManager(POOL_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False))
-my_out, my_trace, my_snaps = run(MyBlockManager(POOL_BLOCKS, BLOCK_SIZE))
+my_out, my_trace, my_snaps = run(MyBlockManager(POOL_BLOCKS, BLOCK_SIZE, enable_prefix_caching=False))
 
 for rid in sorted(ref_out):
     theirs = [c.token_ids for c in ref_out[rid].outputs]

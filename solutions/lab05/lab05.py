@@ -47,14 +47,13 @@ import matplotlib.pyplot as plt
 from minillm.bench.prefix import QUESTIONS, REPLY, TURNS
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
-from minillm.grading.lab05 import CachedBlock, PluggedBlockManager, check_lab05_1, check_lab05_2, check_lab05_3
 from minillm.loading.loader import load_model
 from minillm.sampling.params import SamplingParams
 
 loaded = load_model("default", "float32")
 model, tok = loaded.model, loaded.tokenizer
 BLOCK_SIZE = 8          # tokens per KV block (vLLM uses 16; 8 gives the pictures some resolution)
-engine = LLMEngine.from_model(model, tok, block_size=BLOCK_SIZE, kv_cache_memory_bytes="64MiB")
+engine = LLMEngine.from_model(model, tok, block_size=BLOCK_SIZE, kv_cache_memory="64MiB")
 print(f"KV pool: {engine.block_manager.num_blocks} blocks of {BLOCK_SIZE} tokens; prefix caching "
       f"{'on' if engine.block_manager.enable_prefix_caching else 'off'}")
 
@@ -100,7 +99,8 @@ def admit_and_inspect(eng, ids, max_tokens):
     seq = eng.requests[rid][0]
     outs = eng.step()                                          # admission + prefill (+ first token)
     table = bm.block_table(seq.seq_id) if bm.has_seq(seq.seq_id) else []
-    hashes = [bm._block_hash.get(b) for b in table]            # the prefix cache's own block -> hash map
+    hash_of = {entry.block_id: h for h, entry in bm.cached_blocks.items()}   # the prefix cache, read-only
+    hashes = [hash_of.get(b) for b in table]
     cached = seq.metrics.num_cached_tokens
     while eng.has_unfinished_requests():
         outs = eng.step()
@@ -260,37 +260,50 @@ from minillm.grading.lab05 import check_lab05_2; check_lab05_2(find_cached_prefi
 #
 # All of them should be O(1) (iteration aside): `collections.OrderedDict` (or a plain `dict`, which keeps
 # insertion order) does it. The checker runs random operation sequences against a model of LRU, then puts
-# your class inside a real `BlockManager` (as its `_evictor`) and checks which prompts still hit after
+# your class inside a real `BlockManager` (its `evictor_cls`) and checks which prompts still hit after
 # evictions.
 
 # %% nbgrader="answer"
 class LRU:
     """Evictable cached blocks in LRU order."""
-    ### BEGIN SOLUTION
+
     def __init__(self):
+        ### BEGIN SOLUTION
         self._order = OrderedDict()          # least recently used first
+        ### END SOLUTION
 
     def add(self, block):
+        ### BEGIN SOLUTION
         self._order.pop(block, None)         # re-adding refreshes
         self._order[block] = None
+        ### END SOLUTION
 
     def remove(self, block):
+        ### BEGIN SOLUTION
         del self._order[block]
+        ### END SOLUTION
 
     def pop_lru(self):
+        ### BEGIN SOLUTION
         return self._order.popitem(last=False)[0]
+        ### END SOLUTION
 
     def clear(self):
+        ### BEGIN SOLUTION
         blocks = list(self._order)
         self._order.clear()
         return blocks
+        ### END SOLUTION
 
     def __len__(self):
+        ### BEGIN SOLUTION
         return len(self._order)
+        ### END SOLUTION
 
     def __iter__(self):
+        ### BEGIN SOLUTION
         return iter(list(self._order))
-    ### END SOLUTION
+        ### END SOLUTION
 
 
 # %% nbgrader="graded" points=2
@@ -299,20 +312,21 @@ from minillm.grading.lab05 import check_lab05_3; check_lab05_3(LRU)
 # %% [markdown]
 # ## Plug in: your prefix cache inside the engine
 #
-# `PluggedBlockManager` is minillm's `BlockManager` with your three pieces swapped in: your `hash_block` as
-# its hash function, your `find_cached_prefix` as its lookup (over a read-only view of its cache), your `LRU`
-# as its evictor. `engine.plug(...)` hands it to the engine. We replay the three prompts of the picture and
+# minillm's `BlockManager` takes all three pieces as seams: `hash_fn` (your `hash_block`), `prefix_lookup`
+# (your `find_cached_prefix`, called over a read-only view of its cache, `cached_blocks`) and `evictor_cls` (your
+# `LRU`). `engine.plug(hash_fn=..., prefix_lookup=..., evictor_cls=...)` gives the engine a fresh block manager
+# built with them. We replay the three prompts of the picture and
 # compare with an engine that has prefix caching **off**: greedy decoding must produce exactly the same
 # tokens (a wrong hit would change them), and your cache should serve exactly as many tokens as minillm's.
 
 # %%
-def your_block_manager():
-    return PluggedBlockManager(engine.kv_cache.num_blocks, BLOCK_SIZE, hash_fn=hash_block,
-                               find_cached_prefix=find_cached_prefix, evictor_cls=LRU)
+def plug_yours():
+    """A fresh block manager (an empty prefix cache) built with your three pieces."""
+    engine.plug(hash_fn=hash_block, prefix_lookup=find_cached_prefix, evictor_cls=LRU)
 
 
-engine.plug(block_manager=your_block_manager())
-engine_off = LLMEngine.from_model(model, tok, block_size=BLOCK_SIZE, kv_cache_memory_bytes="64MiB",
+plug_yours()
+engine_off = LLMEngine.from_model(model, tok, block_size=BLOCK_SIZE, kv_cache_memory="64MiB",
                                   enable_prefix_caching=False)
 for name, ids, own in (("A", prompt_a, row_a), ("B", prompt_b, row_b), ("A turn 2", prompt_a2, row_a2)):
     _, _, cached, out = admit_and_inspect(engine, ids, max_tokens=8)
@@ -377,7 +391,7 @@ t_start = time.perf_counter()
 for name, prompts in workloads.items():
     best_off, best_on = [float("inf")] * len(prompts), [float("inf")] * len(prompts)
     for _ in range(2):
-        engine.plug(block_manager=your_block_manager())         # an empty cache for each run
+        plug_yours()                                            # an empty cache for each run
         cached = []
         for i, ids in enumerate(prompts):                       # off and on interleaved: same machine load
             best_off[i] = min(best_off[i], ttft(engine_off, ids)[0])

@@ -1,0 +1,477 @@
+"""Grading integrity: for every checker of every lab, the ways a determined learner could game it are tried and
+refused, and the blank starters read "not implemented yet".
+
+The tasks come from each grading module's TASKS (their kind, minillm's implementation, the grader's oracle), the
+blank starters and the graded cells from the released notebooks, so a new lab is covered the moment it exists:
+  - blank starters: every graded cell, run after the released (untouched) answer cells, says "not implemented yet";
+  - rebinding a checker's name, patching a grading module (setattr, its __dict__, the framework's helpers, torch
+    and math), patching the private copy of the grading code: the graded cell still fails (or says the code was
+    modified), never passes;
+  - lying results: an __eq__ that is always true, a tensor subclass whose __torch_function__ makes every
+    comparison true, a number whose __float__ reads the expected value from the checker's frames;
+  - delegation to minillm's own implementation (or the grader's oracle): the object itself, partial,
+    partialmethod, a wrapper, a subclass that inherits or calls super(), a forwarding composition, a copy of its
+    source;
+  - graders and labs use no private name of an engine object.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import importlib
+import inspect
+import math
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from minillm.grading import core
+from minillm.grading.core import GradingError
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import build_notebooks as bn  # noqa: E402
+
+LABS = bn.lab_ids(ROOT)
+MODULES = {lab: importlib.import_module(f"minillm.grading.{lab}") for lab in LABS}
+TASKS = {tid: task for m in MODULES.values() for tid, task in m.TASKS.items()}
+
+
+def _lab(tid: str) -> str:
+    return tid.split("_")[0]
+
+
+# ---------------------------------------------------------------- a learner's namespace, like a notebook's
+
+_counter = iter(range(10**6))
+
+
+def learner_module() -> types.ModuleType:
+    """A fresh module standing for a notebook's namespace: its code counts as the learner's (its file is not
+    minillm's nor a library's)."""
+    name = f"learner_answers_{next(_counter)}"
+    mod = types.ModuleType(name)
+    mod.__file__ = str(ROOT / "tests" / f"{name}.py")
+    mod.__builtins__ = builtins
+    sys.modules[name] = mod
+    return mod
+
+
+def run_cell(mod: types.ModuleType, source: str) -> None:
+    exec(compile(source, mod.__file__, "exec"), vars(mod))
+
+
+def released(lab: str) -> tuple[list[str], list[str], dict[str, str]]:
+    """(import lines of the read-only cells, answer cells, grade_id -> graded cell) of the released notebook."""
+    nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    imports, answers, graded = [], [], {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code":
+            continue
+        if meta.get("grade"):
+            graded[meta["grade_id"]] = cell.source
+        elif meta.get("solution"):
+            answers.append(cell.source)
+        elif meta.get("locked"):
+            tree = ast.parse(cell.source)
+            imports += [ast.get_source_segment(cell.source, n) for n in tree.body
+                        if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return imports, answers, graded
+
+
+def blank_notebook(lab: str) -> tuple[types.ModuleType, dict[str, str]]:
+    """A namespace after the released answer cells ran untouched (the starter), and the graded cells."""
+    imports, answers, graded = released(lab)
+    mod = learner_module()
+    run_cell(mod, "\n".join(imports))
+    for source in answers:
+        run_cell(mod, source)
+    return mod, graded
+
+
+BLANKS: dict = {}
+
+
+def blank(lab: str):
+    if lab not in BLANKS:
+        BLANKS[lab] = blank_notebook(lab)
+    return BLANKS[lab]
+
+
+def graded_fails(lab: str, tid: str, attack: str = "", expect: str = "not implemented yet") -> str:
+    """Run an attack cell (if any) after the blank answer cells, then the graded cell: it must fail."""
+    mod, graded = blank(lab)
+    if attack:
+        run_cell(mod, attack)
+    with pytest.raises(GradingError) as e:
+        run_cell(mod, graded[tid])
+    assert expect in str(e.value), str(e.value)
+    return str(e.value)
+
+
+# ---------------------------------------------------------------- blank starters and the graded cells
+
+def test_every_graded_cell_has_a_task():
+    for lab in LABS:
+        _, _, graded = released(lab)
+        assert sorted(graded) == sorted(t for t in TASKS if _lab(t) == lab), lab
+        for tid, source in graded.items():
+            assert source.strip() == f"from minillm.grading.{lab} import check_{tid}; check_{tid}" \
+                                     f"({source.strip().rsplit('(', 1)[1]}", source
+
+
+@pytest.mark.parametrize("tid", sorted(TASKS))
+def test_blank_starter_reads_not_implemented_yet(tid):
+    msg = graded_fails(_lab(tid), tid)
+    assert "Smallest failing example" not in msg and len(msg.splitlines()) <= 2, msg
+
+
+# ---------------------------------------------------------------- rebinding and patching
+
+@pytest.mark.parametrize("tid", sorted(TASKS))
+def test_rebinding_the_checker_name_changes_nothing(tid):
+    graded_fails(_lab(tid), tid, f"check_{tid} = lambda *args, **kwargs: None")
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_grading_modules_are_sealed(lab):
+    module = MODULES[lab]
+    assert type(module).__name__ == "_SealedModule"
+    for name in [f"check_{t}" for t in TASKS if _lab(t) == lab] + ["TASKS", "run_property"]:
+        with pytest.raises(AttributeError, match="sealed"):
+            setattr(module, name, None)
+        with pytest.raises(AttributeError, match="sealed"):
+            delattr(module, name)
+    with pytest.raises(AttributeError, match="sealed"):
+        core.run_property = None
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_patching_module_dicts_and_libraries_changes_nothing(lab):
+    """`vars(module)[name] = fake` for the checkers, the framework and the tasks, and torch / math comparisons
+    that always agree: the graded cells of the blank starter still fail."""
+    noop = lambda *a, **k: None  # noqa: E731
+    targets = [(vars(MODULES[lab]), f"check_{t}", noop) for t in TASKS if _lab(t) == lab]
+    targets += [(vars(MODULES[lab]), "TASKS", {}), (vars(core), "run_property", noop), (vars(core), "fail", noop),
+                (vars(core), "verify_untampered", noop), (vars(torch), "allclose", lambda *a, **k: True),
+                (vars(torch), "equal", lambda *a, **k: True), (vars(math), "isclose", lambda *a, **k: True)]
+    saved = [(d, k, d[k]) for d, k, _ in targets]
+    try:
+        for d, k, fake in targets:
+            d[k] = fake
+        for tid in (t for t in TASKS if _lab(t) == lab):
+            graded_fails(lab, tid)
+    finally:
+        for d, k, v in saved:
+            d[k] = v
+
+
+@pytest.mark.parametrize("what", ["function", "helper", "class", "namespace"])
+def test_patching_the_private_copy_is_detected(what):
+    """Patching the grading code that actually runs (reached through a checker's __globals__, its code object,
+    or a class of the framework) makes every graded cell fail with "modified", until the kernel restarts."""
+    check = MODULES["lab00"].check_lab00_1
+    private = check.__globals__
+    task_cls = core.Task
+    undo = None
+    if what == "function":
+        old = check.__code__
+        check.__code__ = (lambda answer: None).__code__
+        undo = lambda: setattr(check, "__code__", old)  # noqa: E731
+    elif what == "helper":
+        old = private["run_property"]
+        private["run_property"] = lambda *a, **k: None
+        undo = lambda: private.__setitem__("run_property", old)  # noqa: E731
+    elif what == "class":
+        old = task_cls.check
+        task_cls.check = lambda self, answer: None
+        undo = lambda: setattr(task_cls, "check", old)  # noqa: E731
+    else:
+        private["sneaky"] = 1
+        undo = lambda: private.pop("sneaky")  # noqa: E731
+    try:
+        graded_fails("lab00", "lab00_1", expect="modified after it was imported")
+        graded_fails("lab01", "lab01_2", expect="modified after it was imported")
+    finally:
+        undo()
+    core.verify_untampered()
+
+
+# ---------------------------------------------------------------- lying results
+
+class AlwaysEqualInt(int):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+class AlwaysEqualFloat(float):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = float.__hash__
+
+
+class FrameSnoop(float):
+    """A number whose value is whatever the checker expects: it reads the reference from the caller's frames."""
+
+    def __float__(self):
+        f = sys._getframe(1)
+        while f is not None:
+            for name in ("ref", "want", "expected"):
+                v = f.f_locals.get(name)
+                if isinstance(v, (int, float)):
+                    return float(v)
+            f = f.f_back
+        return 0.0
+
+
+class AgreeableTensor(torch.Tensor):
+    """Every comparison of this tensor comes out equal: allclose, equal, isclose, ==, the lot."""
+
+    @classmethod
+    def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal, torch.Tensor.allclose, torch.Tensor.equal):
+            return True
+        if func in (torch.isclose, torch.Tensor.__eq__, torch.eq):
+            return torch.ones((), dtype=torch.bool)
+        return super().__torch_function__(func, types_, args, kwargs or {})
+
+
+def agreeable(x: torch.Tensor) -> torch.Tensor:
+    return x.as_subclass(AgreeableTensor)
+
+
+def _liar_lab02_allocator():
+    class Liar:
+        def __init__(self, n):
+            self.inner = [0] * n
+
+        def allocate(self):
+            return AlwaysEqualInt(0)
+
+        def share(self, b):
+            pass
+
+        def free(self, b):
+            pass
+
+        def ref_count(self, b):
+            return AlwaysEqualInt(0)
+
+        @property
+        def num_free_blocks(self):
+            return AlwaysEqualInt(0)
+    return Liar
+
+
+def _liar_lab05_evictor():
+    class Liar:
+        def __init__(self):
+            self.blocks = []
+
+        def add(self, b):
+            self.blocks.append(b)
+
+        def remove(self, b):
+            pass
+
+        def pop_lru(self):
+            return AlwaysEqualInt(0)
+
+        def clear(self):
+            return [AlwaysEqualInt(0)]
+
+        def __len__(self):
+            return len(self.blocks)
+
+        def __iter__(self):
+            return iter([AlwaysEqualInt(0)] * len(self.blocks))
+    return Liar
+
+
+def _liar_lab02_manager():
+    from minillm.kv.block_manager import BlockManager
+
+    class Liar(BlockManager):
+        def num_blocks_needed(self, seq_id, num_tokens):
+            return AlwaysEqualInt(0)
+
+        def append_slots(self, seq_id, num_tokens):
+            return []
+
+        def fork(self, parent_seq_id, child_seq_id):
+            pass
+
+        def free(self, seq_id):
+            pass
+    return Liar
+
+
+def _liar_softmax(m, l, acc, scores, values):
+    return agreeable(m), agreeable(l), agreeable(acc)
+
+
+LIARS = {
+    "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
+    "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
+    "lab00_3": lambda: (lambda f, b, p, w: FrameSnoop(0)),
+    "lab01_1": lambda: (lambda q, k, v, scale: agreeable(torch.zeros_like(q))),
+    "lab01_2": lambda: (lambda cfg, b, s, d: AlwaysEqualInt(0)),
+    "lab01_3": lambda: (lambda cfg, m, w, s, d: FrameSnoop(0)),
+    "lab02_1": lambda: (lambda table, start, end, bs: [AlwaysEqualInt(0)] * (end - start)),
+    "lab02_2": _liar_lab02_allocator,
+    "lab02_3": _liar_lab02_manager,
+    "lab03_1": lambda: (lambda cache, table, n: agreeable(torch.zeros(n, *cache.shape[2:], dtype=cache.dtype))),
+    "lab03_2": lambda: _liar_softmax,
+    "lab05_1": lambda: (lambda parent, tokens: AlwaysEqualInt(2**100)),
+    "lab05_2": lambda: (lambda token_ids, bs, cache, hash_fn: [AlwaysEqualInt(0)]),
+    "lab05_3": _liar_lab05_evictor,
+}
+# No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
+NO_RESULT_TO_LIE_WITH = {"lab03_3"}
+
+
+def test_every_task_has_a_liar():
+    assert set(TASKS) - NO_RESULT_TO_LIE_WITH <= set(LIARS) | {t for t in TASKS if _lab(t) == "lab04"}, \
+        sorted(set(TASKS) - set(LIARS))
+
+
+@pytest.mark.parametrize("tid", sorted(set(LIARS) & set(TASKS)))
+def test_lying_results_are_refused(tid):
+    with pytest.raises(GradingError) as e:
+        TASKS[tid].check(LIARS[tid]())
+    msg = str(e.value)
+    assert "must be" in msg or "got a" in msg, msg
+
+
+# ---------------------------------------------------------------- delegation to minillm (or the oracle)
+
+def _copy_source(obj, mod: types.ModuleType):
+    """minillm's code re-run from its own source in the learner's namespace (what copy-paste gives)."""
+    fn = getattr(obj, "fn", obj)
+    src = textwrap.dedent(inspect.getsource(fn))
+    home = sys.modules[fn.__module__]
+    for k, v in vars(home).items():
+        if not k.startswith("__"):
+            vars(mod).setdefault(k, v)
+    run_cell(mod, src)
+    return vars(mod)[fn.__name__]
+
+
+def _function_delegations(ref):
+    mod = learner_module()
+    vars(mod)["ref"] = ref
+    run_cell(mod, "def wrapper(*args, **kwargs):\n    return ref(*args, **kwargs)\n")
+    yield "itself", ref
+    yield "partial", functools.partial(ref)
+    yield "wrapper", vars(mod)["wrapper"]
+    yield "copy", _copy_source(ref, learner_module())
+
+
+def _class_delegations(engine_cls, methods):
+    mod = learner_module()
+    vars(mod)["Engine"] = engine_cls
+    run_cell(mod, "class Sub(Engine):\n    pass\n")
+    body = "".join(f"    def {m}(self, *a, **k):\n        return super().{m}(*a, **k)\n" for m in methods
+                   if not m.startswith("__"))
+    run_cell(mod, "class CallsSuper(Engine):\n" + body)
+    forward = "".join(f"    def {m}(self, *a, **k):\n        return self.inner.{m}(*a, **k)\n" for m in methods)
+    run_cell(mod, "class Forwards:\n    def __init__(self, *a, **k):\n        self.inner = Engine(*a, **k)\n"
+             + forward)
+    yield "itself", engine_cls
+    yield "subclass", vars(mod)["Sub"]
+    yield "super", vars(mod)["CallsSuper"]
+    yield "composition", vars(mod)["Forwards"]
+    yield "copy", _copy_source(engine_cls, learner_module())
+
+
+def _method_delegations(base, methods):
+    mod = learner_module()
+    vars(mod)["Base"] = base
+    vars(mod)["functools"] = functools
+    src = {
+        "alias": "".join(f"    {m} = Base.{m}\n" for m in methods),
+        "partialmethod": "".join(f"    {m} = functools.partialmethod(Base.{m})\n" for m in methods),
+        "wrapper": "".join(f"    def {m}(self, *a, **k):\n        return Base.{m}(self, *a, **k)\n" for m in methods),
+        "super": "".join(f"    def {m}(self, *a, **k):\n        return super().{m}(*a, **k)\n" for m in methods),
+        "copy": "".join(textwrap.indent(textwrap.dedent(inspect.getsource(vars(base)[m])), "    ") for m in methods),
+    }
+    home = sys.modules[base.__module__]
+    for k, v in vars(home).items():
+        if not k.startswith("__"):
+            vars(mod).setdefault(k, v)
+    for name, body in src.items():
+        run_cell(mod, f"class Answer_{name}(Base):\n{body}")
+        yield name, vars(mod)[f"Answer_{name}"]
+
+
+def delegations(task):
+    engine = task.engine_objects() or task.oracle_objects()
+    if task.kind == "function":
+        return list(_function_delegations(engine[0]))
+    if task.kind == "class":
+        return list(_class_delegations(engine[0], task.methods))
+    return list(_method_delegations(task.base, task.methods))
+
+
+DELEGATION_CASES = [(tid, name) for tid in sorted(TASKS) for name, _ in delegations(TASKS[tid])]
+# minillm's sizing function takes (config, tokens, dtype_bytes), not the task's (cfg, batch, seq, dtype): a wrapper
+# or a copy of it is refused as a wrong answer (it cannot even be called that way) before any delegation shows.
+SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy")}
+
+
+@pytest.mark.parametrize("tid, how", DELEGATION_CASES)
+def test_delegation_to_minillm_is_refused(tid, how):
+    answer = dict(delegations(TASKS[tid]))[how]
+    with pytest.raises(GradingError) as e:
+        TASKS[tid].check(answer)
+    msg = str(e.value)
+    reasons = ("minillm's own", "grader's reference", "copy of minillm", "does not define")
+    if (tid, how) in SIGNATURE_DIFFERS:
+        reasons += ("raised TypeError",)
+    assert any(s in msg for s in reasons), msg
+
+
+# ---------------------------------------------------------------- no private names of engine objects
+
+ALLOWED_PRIVATE = {"_partialmethod", "_getframe"}   # functools' and sys's own, read by the framework
+
+
+def _private_accesses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and node.attr not in own and node.attr not in ALLOWED_PRIVATE:
+            bad.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    return bad
+
+
+def test_graders_and_labs_use_no_private_engine_names():
+    files = sorted((ROOT / "minillm" / "grading").glob("*.py")) + [ROOT / "minillm" / "testing.py"] + \
+        sorted((ROOT / "solutions").glob("lab*/lab*.py"))
+    bad = [b for f in files for b in _private_accesses(f)]
+    assert not bad, "private names reached from graders/labs:\n" + "\n".join(bad)
