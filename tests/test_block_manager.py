@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import minillm.grading.block_properties as props  # one suite: tests and the lab02/lab05 graders
+import block_properties as props  # one suite: tests and the lab02/lab05 graders
 from minillm.kv.block_manager import BlockManager, NoFreeBlocksError
 from minillm.kv.prefix_cache import LRUEvictor, PrefixCacheStats, default_hash_fn
 

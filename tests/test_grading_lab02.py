@@ -6,7 +6,7 @@ from collections import deque
 import pytest
 from hypothesis import given, settings
 
-from minillm.grading import block_properties as props
+import block_properties as props
 from minillm.grading.lab02 import TASKS, NoFreeBlocksError, check_lab02_1, check_lab02_2, check_lab02_3, slot_table
 from minillm.kv.block_allocator import BlockAllocator as MinillmAllocator
 from minillm.kv.block_manager import BlockManager, slot_mapping as minillm_slot_mapping

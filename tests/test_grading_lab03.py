@@ -1,9 +1,12 @@
-"""lab03 checkers, graded both ways: minillm's own pieces pass (wrapped), the very objects and plausible wrong
-implementations fail. The wrong kernels run in Triton's interpreter too, so they are kept few and tiny."""
+"""lab03 checkers, graded both ways: minillm's own pieces (paged_attention_ref.gather_kv, its Triton kernel) pass
+the property suites; handed in as answers they are refused, as are copies of them, the grader's references and
+plausible wrong answers. Every kernel check runs the kernel in a child process (a torch + triton import, a few
+seconds) and compiles it for sm80 meanwhile, so the kernels below are few and tiny."""
 import functools
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import textwrap
 
@@ -15,11 +18,12 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from minillm.grading import lab03  # noqa: E402
-from minillm.grading.lab03 import (check_lab03_1, check_lab03_2, check_lab03_3, dense_decode_ref,  # noqa: E402
-                                   gather_kv_ref, launch_paged_attention, make_paged_case, online_softmax_ref)
+from minillm.grading.lab03 import (TASKS, check_lab03_1, check_lab03_2, check_lab03_3, dense_decode_ref,  # noqa: E402
+                                   launch_paged_attention, softmax_state_ref)
+from minillm.kernels import paged_attention_ref  # noqa: E402
 from minillm.kernels import triton_paged_attention as tpa  # noqa: E402
 from minillm.kernels.paged_attention_ref import paged_attention_decode_ref  # noqa: E402
+from minillm.testing import make_paged_case  # noqa: E402
 
 
 def rejected(checker, fn, *needles):
@@ -28,75 +32,97 @@ def rejected(checker, fn, *needles):
     msg = str(e.value)
     for needle in needles:
         assert needle in msg, msg
-    assert len(msg.splitlines()) < 12, msg
+    assert "Traceback" not in msg and len(msg.splitlines()) < 12, msg
     return msg
 
 
 # ---------------------------------------------------------------- lab03_1 gather through the block table
 
-def test_lab03_1_minillm_gather_passes():
-    """The engine's own read path (AttentionMetadata.context_slots over the physical layout), wrapped."""
-    from minillm.layers.attention import AttentionMetadata
-
-    def via_engine(cache, table, n):
-        nb, bs, kvh, d = cache.shape
-        table = torch.as_tensor(table, dtype=torch.int64)[None]
-        meta = AttentionMetadata(query_lens=[1], seq_lens=[n], slot_mapping=torch.zeros(1, dtype=torch.int64),
-                                 block_tables=table, block_size=bs)
-        return cache.reshape(nb * bs, kvh, d)[meta.context_slots(0)]
-    check_lab03_1(via_engine)
+def test_lab03_1_minillm_passes():
+    TASKS["lab03_1"].verify(paged_attention_ref.gather_kv)
 
 
-def test_lab03_1_rejects_the_references_themselves():
-    from minillm.layers.attention import AttentionMetadata
-    rejected(check_lab03_1, gather_kv_ref, "minillm's own implementation")
-    rejected(check_lab03_1, AttentionMetadata.context_slots, "minillm's own implementation")
+def test_lab03_1_rejects_minillm_and_wrappers():
+    rejected(check_lab03_1, paged_attention_ref.gather_kv, "itself")
+    rejected(check_lab03_1, lambda c, t, n: paged_attention_ref.gather_kv(c, t, n), "runs minillm's own")
+    rejected(check_lab03_1, functools.partial(paged_attention_ref.gather_kv), "itself")
 
 
-def _gather(cache, table, n, *, trim=True, follow_table=True, divmod_swapped=False, view=False):
+def _gather(cache, table, n, *, trim=True, follow_table=True, divmod_swapped=False, as_float=False, ids=torch.long):
+    """A learner's gather_kv, with knobs for the classic mistakes."""
     bs = cache.shape[1]
-    table = torch.as_tensor(table, dtype=torch.long)
+    table = torch.as_tensor(table).to(ids).long()
     if not follow_table:
         return cache.reshape(-1, *cache.shape[2:])[:n]
     if divmod_swapped:
         pos = torch.arange(n)
         return cache[table[(pos % bs).clamp(max=len(table) - 1)], (pos // bs).clamp(max=bs - 1)]
-    blocks = cache[table[:-(-n // bs)]]
-    rows = blocks.view(-1, *cache.shape[2:]) if view else blocks.reshape(-1, *cache.shape[2:])
-    return rows[:n] if trim else rows
+    rows = cache[table[:-(-n // bs)]].reshape(-1, *cache.shape[2:])
+    rows = rows[:n] if trim else rows
+    return rows.float() if as_float else rows
 
 
 GATHER_WRONG = {
     "contiguous": (functools.partial(_gather, follow_table=False), "follow the block table"),
     "untrimmed": (functools.partial(_gather, trim=False), "partly filled"),
     "divmod_swapped": (functools.partial(_gather, divmod_swapped=True), "not the other way round"),
+    "float32_for_fp16": (functools.partial(_gather, as_float=True), "torch.float32 for a torch.float16 cache"),
+    "uint8_block_ids": (functools.partial(_gather, ids=torch.uint8), "above 255"),
 }
 
 
 @pytest.mark.parametrize("name", GATHER_WRONG)
 def test_lab03_1_wrong_implementations_fail(name):
     fn, diagnosis = GATHER_WRONG[name]
-    rejected(check_lab03_1, fn, diagnosis, "Smallest failing example", "Hint")
+    rejected(check_lab03_1, fn, diagnosis, "Smallest failing example")
 
 
 def test_lab03_1_correct_learner_code_passes():
     check_lab03_1(functools.partial(_gather))
 
+    def gather_kv(cache, block_table, seq_len):           # written differently: one position at a time
+        bs = cache.shape[1]
+        rows = [cache[int(block_table[p // bs]), p % bs] for p in range(seq_len)]
+        return torch.stack(rows)
+    check_lab03_1(gather_kv)
+
+
+def test_lab03_1_blank_starter_fails():
+    def gather_kv(cache, block_table, seq_len):
+        raise NotImplementedError()
+    rejected(check_lab03_1, gather_kv, "not implemented yet")
+
 
 # ---------------------------------------------------------------- lab03_2 online softmax
 
-def test_lab03_2_reference_passes_wrapped_and_is_rejected_itself():
-    check_lab03_2(lambda *a: online_softmax_ref(*a))
-    rejected(check_lab03_2, online_softmax_ref, "minillm's own implementation")
-
-
-def _online(m, l, acc, s, v, *, rescale_acc=True, rescale_l=True, subtract_max=True, running_max=True):
+def _online(m, l, acc, s, v, *, rescale_acc=True, rescale_l=True, subtract_max=True, running_max=True,
+            zero_start=False, dtype=None):
+    """A learner's online_softmax_update, with knobs for the classic mistakes."""
+    if zero_start:                                       # "avoid -inf - -inf": the max then never goes below 0
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     m_new = torch.maximum(m, s.amax(-1)) if running_max else s.amax(-1)
     alpha = torch.exp(m - m_new)
     p = torch.exp(s - m_new[:, None]) if subtract_max else torch.exp(s)
     l_new = (l * alpha if rescale_l else l) + p.sum(-1)
     acc_new = (acc * alpha[:, None] if rescale_acc else acc) + p @ v
-    return m_new, l_new, acc_new
+    out = m_new, l_new, acc_new
+    return tuple(x.to(dtype) for x in out) if dtype is not None else out
+
+
+def test_lab03_2_learner_update_passes_verify_and_check():
+    TASKS["lab03_2"].verify(_online)
+    check_lab03_2(functools.partial(_online))
+
+    def online_softmax_update(m, l, acc, scores, values):    # written differently
+        m_new = torch.cat([m[:, None], scores], dim=1).max(dim=1).values
+        old = (m - m_new).exp()
+        w = (scores - m_new[:, None]).exp()
+        return m_new, old * l + w.sum(dim=1), old[:, None] * acc + w @ values
+    check_lab03_2(online_softmax_update)
+
+
+def test_lab03_2_rejects_the_reference():
+    rejected(check_lab03_2, softmax_state_ref, "itself")
 
 
 SOFTMAX_WRONG = {
@@ -104,6 +130,8 @@ SOFTMAX_WRONG = {
     "no_l_rescale": (functools.partial(_online, rescale_l=False), "rescale the running sum"),
     "no_max_subtraction": (functools.partial(_online, subtract_max=False), "subtract the running max"),
     "block_max": (functools.partial(_online, running_max=False), "running max over ALL blocks"),
+    "zero_start": (functools.partial(_online, zero_start=True), "m starts at -inf, not 0"),
+    "float64_state": (functools.partial(_online, dtype=torch.float64), "expected torch.float32 (the inputs' dtype)"),
 }
 
 
@@ -113,8 +141,10 @@ def test_lab03_2_wrong_implementations_fail(name):
     rejected(check_lab03_2, fn, diagnosis, "Smallest failing example", "Hint")
 
 
-def test_lab03_2_correct_learner_code_passes():
-    check_lab03_2(functools.partial(_online))
+def test_lab03_2_blank_starter_fails():
+    def online_softmax_update(m, l, acc, scores, values):
+        raise NotImplementedError()
+    rejected(check_lab03_2, online_softmax_update, "not implemented yet")
 
 
 # ---------------------------------------------------------------- lab03_3 the Triton kernel
@@ -162,11 +192,12 @@ def good_kernel(
 
 
 GOOD_SRC = inspect.getsource(good_kernel)
+MINILLM_HELPERS = "_sum_combine = tl.standard._sum_combine\n_max_combine = tl.standard._elementwise_max\n"
 
 
 def kernel_from_source(src, tmp_path, name="good_kernel", header=""):
     """A @triton.jit kernel from source text (the interpreter needs the source in a real file)."""
-    path = tmp_path / f"kernel_{abs(hash(src)) % 10**8}.py"
+    path = tmp_path / f"kernel_{abs(hash(src + header)) % 10**8}.py"
     path.write_text("import triton\nimport triton.language as tl\n" + header + "\n" + textwrap.dedent(src)
                     + f"\n{name} = triton.jit({name})\n")
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -184,26 +215,56 @@ def variant(tmp_path, *edits):
     return kernel_from_source(src, tmp_path)
 
 
+def test_minillm_kernel_passes_verify():
+    """minillm's own kernel passes the property (shipped to the child as source) and compiles for sm80."""
+    TASKS["lab03_3"].verify(tpa.paged_attention_decode_kernel)
+
+
 def test_lab03_3_learner_kernel_passes_and_compiles(tmp_path):
     kernel = kernel_from_source(GOOD_SRC, tmp_path)
-    check_lab03_3(kernel)                      # interpreter property + AOT compile for sm80
-    asm = lab03.compile_kernel_for_gpu(kernel, arch=80)   # cached: same source, same job
-    assert ".target sm_80" in asm["ptx"] and ".entry good_kernel(" in asm["ptx"] and asm["cubin_bytes"] > 0
+    check_lab03_3(kernel)                      # interpreter property (child process) + AOT compile for sm80
+    ptx = tpa.compile_for_gpu_target(80, "fp16", head_dim=64, block_size=16, group=3, kernel=kernel)
+    assert ".target sm_80" in ptx and ".entry good_kernel(" in ptx
 
 
-def test_lab03_3_minillm_kernel_passes_wrapped(tmp_path):
-    """minillm's own kernel, as source in a module of its own (a copy, not the object): passes."""
-    header = ("_sum_combine = tl.standard._sum_combine\n"
-              "_max_combine = tl.standard._elementwise_max\n")
-    kernel = kernel_from_source(inspect.getsource(tpa._KERNEL_PY_FN), tmp_path, tpa.KERNEL_NAME, header)
-    check_lab03_3(kernel)
+def test_lab03_3_rejects_minillm_kernel_copies_and_non_kernels(tmp_path):
+    rejected(check_lab03_3, tpa.paged_attention_decode_kernel, "itself")
+    rejected(check_lab03_3, triton.jit(tpa.paged_attention_decode_kernel.fn), "itself")
+    copy = kernel_from_source(inspect.getsource(tpa.paged_attention_decode_kernel.fn), tmp_path, tpa.KERNEL_NAME,
+                              MINILLM_HELPERS)
+    rejected(check_lab03_3, copy, "copy of minillm's own implementation")
+    renamed = re.sub(r"\bm_i\b", "running_max", inspect.getsource(tpa.paged_attention_decode_kernel.fn)).replace(
+        "def paged_attention_decode_kernel(", "def my_kernel(")
+    rejected(check_lab03_3, kernel_from_source(renamed, tmp_path, "my_kernel", MINILLM_HELPERS), "copy")
+    rejected(check_lab03_3, tpa.paged_attention_decode_triton, "itself")
+    rejected(check_lab03_3, paged_attention_decode_ref, "minillm's own code")
+    rejected(check_lab03_3, lambda *a: 0, "@triton.jit kernel itself")
+    rejected(check_lab03_3, good_kernel, "@triton.jit kernel itself")
+    compiled = triton.runtime.jit.JITFunction(kernel_from_source(GOOD_SRC, tmp_path).fn)
+    rejected(check_lab03_3, compiled, "compiled for a GPU", "TRITON_INTERPRET")
 
 
-def test_lab03_3_rejects_minillm_kernel_and_non_kernels():
-    rejected(check_lab03_3, tpa.paged_attention_decode_kernel, "minillm's own implementation")
-    rejected(check_lab03_3, triton.jit(tpa._KERNEL_PY_FN), "minillm's own implementation")
-    rejected(check_lab03_3, tpa.paged_attention_decode_triton, "@triton.jit kernel itself")
-    rejected(check_lab03_3, paged_attention_decode_ref, "@triton.jit kernel itself")
+def test_lab03_3_rejects_a_kernel_that_calls_minillms(tmp_path):
+    """The kernel runs in a child process: the tracer that watches for minillm's code runs there too."""
+    src = GOOD_SRC.split("    seq = tl.program_id(0)")[0] + textwrap.indent(textwrap.dedent("""\
+        tpa.paged_attention_decode_kernel(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                                          scale, stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb,
+                                          stride_vt, stride_vh, stride_bt, stride_os, stride_oh, GROUP, GROUP_PAD,
+                                          HEAD_DIM, D_PAD, BLOCK_SIZE)
+        """), "    ")
+    kernel = kernel_from_source(src, tmp_path, header="import minillm.kernels.triton_paged_attention as tpa\n")
+    rejected(check_lab03_3, kernel, "runs minillm's own implementation", "paged_attention_decode_kernel")
+
+
+def test_lab03_3_rejects_minillms_kernel_copied_into_a_helper(tmp_path):
+    helper = "@triton.jit\n" + textwrap.dedent(inspect.getsource(tpa.paged_attention_decode_kernel.fn)).replace(
+        "def paged_attention_decode_kernel(", "def helper(")
+    src = GOOD_SRC.split("    seq = tl.program_id(0)")[0] + (
+        "    helper(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, scale, stride_qs,\n"
+        "           stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,\n"
+        "           stride_os, stride_oh, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE)\n")
+    kernel = kernel_from_source(src, tmp_path, header=MINILLM_HELPERS + helper)
+    rejected(check_lab03_3, kernel, "copy of minillm's own implementation")
 
 
 def test_launcher_and_reference_agree_with_minillm():
@@ -231,13 +292,34 @@ KERNEL_WRONG = {
                         "this sequence's row"),
     # masked loads, but the masked tokens keep score 0 and take part in the softmax
     "scores_not_masked": ([('s = tl.where(t_ok[None, :], s, float("-inf"))', "s = s")], "score -inf"),
+    # the running max starts at 0: rows whose scores are all very negative come out 0 / 0
+    "max_starts_at_zero": ([('m = tl.full([GROUP_PAD], float("-inf"), tl.float32)',
+                             "m = tl.zeros([GROUP_PAD], tl.float32)")], "must start at -inf"),
+    # the store is not masked: the padding rows of group 3 (padded to 4) land past the end of out
+    "unmasked_store": ([("out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])",
+                         "out.to(out_ptr.dtype.element_ty))")], "elements outside out"),
 }
 
 
 @pytest.mark.parametrize("name", KERNEL_WRONG)
 def test_lab03_3_wrong_kernels_fail(name, tmp_path):
     edits, diagnosis = KERNEL_WRONG[name]
-    rejected(check_lab03_3, variant(tmp_path, *edits), diagnosis, "Smallest failing example", "Hint")
+    rejected(check_lab03_3, variant(tmp_path, *edits), diagnosis, "Hint")
+
+
+def test_lab03_3_a_crashing_kernel_gets_a_verdict(tmp_path):
+    """A store a terabyte past out segfaults the interpreter: the child dies, the checker still answers."""
+    kernel = variant(tmp_path, ("tl.store(out_ptr + seq * stride_os", "tl.store(out_ptr + (1 << 40) + seq * stride_os"))
+    rejected(check_lab03_3, kernel, "crashed the Triton interpreter (signal", "mask every load and store",
+             "seq_lens=")
+
+
+def test_lab03_3_blank_starter_and_unreadable_source(tmp_path):
+    starter = GOOD_SRC.split("    seq = tl.program_id(0)")[0] + "    raise NotImplementedError()\n"
+    rejected(check_lab03_3, kernel_from_source(starter, tmp_path), "not implemented yet")
+    namespace = {"tl": tl}
+    exec(GOOD_SRC, namespace)                  # no file behind it: its source cannot be shipped to the child
+    rejected(check_lab03_3, triton.jit(namespace["good_kernel"]), "could not read your kernel's source")
 
 
 def test_lab03_3_interpreter_only_kernel_fails_the_gpu_compile(tmp_path):

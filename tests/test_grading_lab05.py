@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-import minillm.grading.block_properties as props
+import block_properties as props
 from minillm.grading.lab05 import (TASKS, build_cache, check_lab05_1, check_lab05_2, check_lab05_3,
                                    reference_find_cached_prefix, reference_hash)
 from minillm.interfaces import CachedBlock

@@ -79,6 +79,10 @@ class Scheduler:
             self.admit_waiting(out, budget - out.num_batched_tokens)
         bm = self.block_manager
         for seq, n in out.scheduled:
+            if not 0 < n <= seq.num_uncomputed:   # a policy's mistake: refuse it before any wrong math runs
+                raise ValueError(f"the scheduling policy gave request {seq.request_id!r} {n} token(s) to compute, "
+                                 f"but it has {seq.num_uncomputed} left ({seq.num_computed_tokens} of "
+                                 f"{seq.num_tokens} computed): schedule between 1 and that many")
             out.block_tables.append(bm.block_table(seq.seq_id))
             out.slot_mapping += bm.slot_mapping(seq.seq_id, seq.num_computed_tokens, seq.num_computed_tokens + n)
         return out

@@ -36,7 +36,6 @@ import builtins
 import dis
 import functools
 import inspect
-import math
 import os
 import re
 import sys
@@ -55,7 +54,7 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 __all__ = ["GradingError", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task", "run_property",
            "diagnose", "reject_delegation", "Watch", "seal", "verify_untampered", "NOT_IMPLEMENTED",
-           "minillm_objects", "function_answer", "class_answer"]
+           "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file"]
 
 
 class GradingError(AssertionError):
@@ -261,7 +260,7 @@ _LIBRARY_DIRS = tuple(os.path.realpath(p) + os.sep for p in
                       | {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})   # the minillm package
 
 
-def _is_library_file(path: str) -> bool:
+def is_library_file(path: str) -> bool:
     """Code of minillm, the standard library or an installed package (a pseudo-file like <string> counts too)."""
     return path.startswith("<") or os.path.realpath(path).startswith(_LIBRARY_DIRS)
 
@@ -276,11 +275,12 @@ def _is_learner_code(code: types.CodeType, globals_: dict) -> bool:
         if name == "__main__":                       # a notebook's namespace, or code exec'd into it
             return True
         path = code.co_filename
-    return not _is_library_file(path)
+    return not is_library_file(path)
 
 
-class _Delegated(BaseException):
-    """Raised by the tracer at the first forbidden call, to end the check early (the verdict is Watch.seen)."""
+class Delegated(BaseException):
+    """Raised by the tracer at the first forbidden call, to end the check early (the verdict is Watch.seen). A
+    BaseException: the answer's own `except Exception` does not swallow it, and hypothesis lets it through."""
 
 
 class Watch:
@@ -307,7 +307,7 @@ class Watch:
         code = frame.f_code
         if self.seen is None and (code in self.engine or (code in self.oracles and self._under_learner(frame))):
             self.seen, self.seen_engine = code, code in self.engine
-            raise _Delegated()
+            raise Delegated()
         return self.previous(frame, event, arg) if self.previous is not None else None
 
     def _under_learner(self, frame) -> bool:
@@ -377,7 +377,7 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: s
     )(test_fn)
     try:
         configured()
-    except (KeyboardInterrupt, SystemExit, _Delegated):
+    except (KeyboardInterrupt, SystemExit, Delegated):
         raise
     except BaseException as exc:  # noqa: BLE001 — the learner's code may raise anything
         example = _format_example(list(getattr(exc, "__notes__", []) or []))
@@ -464,7 +464,7 @@ class Task:
                 verdict = e
             except NotImplementedError:
                 verdict = GradingError(NOT_IMPLEMENTED)
-            except _Delegated:
+            except Delegated:
                 pass
         if watch.seen is not None:
             whose = "minillm's own implementation" if watch.seen_engine else "the grader's reference answer"

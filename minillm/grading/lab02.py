@@ -12,8 +12,9 @@ Tasks (the notebook documents the same signatures; minillm's own versions in bra
            tasks 1 and 2). It plugs into LLMEngine with prefix caching off.          [kv.block_manager.BlockManager]
 
 Oracles: a position -> slot table built block by block (lab02_1); a model of every block's ref count driven next
-to the allocator (lab02_2); the block-manager properties (minillm/grading/block_properties.py: the driver of
-minillm.testing with a simulated KV pool that catches every lost write), which tests/ also run on minillm's own.
+to the allocator (lab02_2); random engine-like operation sequences through minillm.testing's driver, whose
+simulated KV pool records what every write stored and catches every lost or foreign write (lab02_3); tests/ run the
+same driver on minillm's own BlockManager.
 """
 from __future__ import annotations
 

@@ -1,182 +1,105 @@
-"""Checkers for lab04 — continuous batching: the scheduler step.
+"""Checkers for lab04 — continuous batching: the scheduler's policy steps.
 
-The learner subclasses `minillm.engine.scheduler.Scheduler` and overrides one method per task (the notebook
+The learner subclasses `minillm.engine.scheduler.Scheduler` and overrides one public method per task (the notebook
 documents the same contracts):
-  lab04_1  _schedule_running(self, out, budget): running sequences first, oldest first; a decode gets 1 token,
-           an unfinished prompt its next chunk min(left, budget); reserve slots with bm.append_slots; when the
-           pool cannot hold them, preempt the NEWEST running sequence (self.preempt) until it can.
-  lab04_2  _admit_waiting(self, out, budget): admit waiting sequences in arrival order (no overtaking) while
-           budget, max_num_seqs and free blocks allow; the first chunk may be partial (chunked prefill);
-           prefix-cache aware (bm.peek_prefix / blocks_to_admit / allocate_prompt).
-  lab04_3  preempt(self, seq): recompute-style preemption: leave `running`, free every block, forget the
-           computed tokens, go back to the HEAD of the waiting queue, count the preemption.
+  lab04_1  schedule_running(self, out, budget): running sequences oldest first; a decode gets 1 token, an
+           unfinished prompt its next chunk min(left, budget); reserve slots with bm.append_slots; when the pool
+           cannot hold them, preempt the NEWEST running sequence (self.preempt) until it can.
+  lab04_2  admit_waiting(self, out, budget): admit waiting sequences in arrival order (no overtaking) while budget,
+           max_num_seqs and free blocks allow; the first chunk may be partial (chunked prefill); prefix-cache aware.
+  lab04_3  preempt(self, seq): recompute-style preemption: leave `running`, free every block, forget the computed
+           tokens, go back to the HEAD of the waiting queue, count the preemption.
 
-How a checker works. It builds a probe class: the learner's class with the two methods it does not grade
-replaced by the reference policy written here (`ReferenceScheduler`, not minillm's code), so each task is
-graded on its own. The probe is plugged into a real `LLMEngine` running a tiny random Llama (built here)
-on request sets hypothesis draws (random prompts, shared prefixes, staggered arrivals, small KV pools that
-force preemption, small token budgets that force chunking). Every step is validated as it happens (token
-budget, max_num_seqs, slots reserved, victims newest-first, FCFS admission, preemption state, block-manager
-invariants); at the end the outputs must equal generating each request alone (greedy, `SimpleGenerator`),
-every block must be back in the pool, and the step-by-step decisions must equal the reference policy's.
-Exceptions from the learner's code are reported with the step, the engine state and a hint.
+How a checker works. The probe is the learner's class with the two policy methods it does not grade (and the
+step plumbing: schedule, commit, fork, finish, ...) taken from minillm's Scheduler: the engine is the
+environment, the graded method is the learner's. The probe drives a real `LLMEngine` (a tiny random Llama) on
+request sets hypothesis draws (shared prefixes, staggered arrivals, n > 1 samples that fork and share blocks,
+small pools that force preemption, small budgets that force chunking). Before every step the oracle, `fcfs_step`,
+states what FCFS continuous batching does from the current state, simulated on a deep copy of the block manager;
+`engine.add_step_observer` shows what the step did. Every step must keep the rules (budget, max_num_seqs,
+newest-first victims listed in out.preempted, arrival-order admission, nothing admitted in a step that preempted)
+and equal the oracle's decision; at the end every sample equals generating its request alone (greedy,
+`SimpleGenerator`) and every block is back in the pool.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import copy
 import functools
 import signal
 import threading
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.engine.scheduler import Scheduler, SchedulerOutput
-from minillm.engine.sequence import SequenceStatus
-from minillm.grading.core import fail, reject_reference, run_property
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.grading.core import (GradingError, Task, as_int, check, fail, is_library_file, minillm_objects,
+                                  run_property, seal)
+from minillm.testing import tiny_model
 
-__all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "ReferenceScheduler", "Case", "run_case",
-           "tiny_model"]
+__all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "TASKS", "fcfs_step", "Case", "make_case",
+           "run_case"]
 
-TIME_LIMIT_S = 30           # one example running longer than this has an endless loop somewhere
-
-
-# --------------------------------------------------------------------------- the tiny model
-
-@functools.lru_cache(maxsize=None)
-def tiny_model(seed: int = 0, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, layers: int = 2,
-               vocab: int = 128, max_pos: int = 512):
-    """A minillm LlamaModel with random weights (wide enough that greedy outputs notice a wrong KV cache)."""
-    from minillm.config import ModelConfig
-    from minillm.models.llama import LlamaModel
-    cfg = ModelConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=3 * heads * head_dim,
-                      num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                      max_position_embeddings=max_pos, tie_word_embeddings=False, eos_token_id=2)
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = LlamaModel(cfg)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
-    finally:
-        torch.random.set_rng_state(state)
-    return model.float().eval()
+TIME_LIMIT_S = 20           # one example running longer than this has an endless loop somewhere
+METHODS = ("schedule_running", "admit_waiting", "preempt")
+PLUMBING = ("add", "has_unfinished", "finish", "abort", "schedule", "commit", "fork")
 
 
-class _one_thread:
-    """The tiny model's ops take microseconds: extra threads only add overhead (and contention)."""
+# --------------------------------------------------------------------------- the oracle: the policy, stated once
 
-    def __enter__(self):
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.threads)
-        return False
-
-
-@functools.lru_cache(maxsize=4096)
-def _alone(prompt: tuple[int, ...], max_tokens: int) -> tuple[int, ...]:
-    """The truth: the request generated on its own, greedily, with a contiguous cache."""
-    from minillm.engine.simple import SimpleGenerator
-    from minillm.sampling.params import SamplingParams
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    with _one_thread():
-        return tuple(SimpleGenerator(tiny_model(), None).generate(list(prompt), params)[1])
+@dataclass(eq=False)
+class Item:
+    """A queued sequence as the oracle sees it, copied before the step (`seq` is only its identity)."""
+    seq: object
+    seq_id: int
+    tokens: tuple
+    computed: int
 
 
-# --------------------------------------------------------------------------- the reference policy (the spec)
-
-class ReferenceScheduler(Scheduler):
-    """FCFS continuous batching, written out independently of minillm's Scheduler (same policy):
-    running first (oldest first, decodes 1 token, prompts their next chunk, preempt the newest when the pool is
-    short), then admission in arrival order while budget, max_num_seqs and free blocks allow; nothing is
-    admitted in a step that preempted."""
-
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        self._schedule_running(out, budget)
-        if not out.preempted:
-            self._admit_waiting(out, budget - out.num_batched_tokens)
-        return out
-
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> None:
-        bm, chunked = self.block_manager, self.config.enable_chunked_prefill
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            left = seq.num_tokens - seq.num_computed_tokens
-            n = min(left, budget)
-            if n < left and not chunked:
-                i += 1
-                continue
-            while bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks:
-                victim = self.running[-1]
-                self.preempt(victim)
-                if victim in self.running:      # a broken preempt() would make this loop endless
-                    raise _Violation("preempt(seq) must remove seq from self.running (it is still there after "
-                                     "the call)", "preempt")
-                out.preempted.append(victim)
-                if victim is seq:
-                    return
-            out.block_copies += bm.append_slots(seq.seq_id, seq.num_computed_tokens + n)
-            out.scheduled.append((seq, n))
-            budget -= n
-            i += 1
-
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        bm, chunked = self.block_manager, self.config.enable_chunked_prefill
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            cached = bm.peek_prefix(seq.token_ids)
-            left = seq.num_tokens - cached
-            n = min(left, budget)
-            if n < left and not chunked:
-                return
-            if bm.blocks_to_admit(seq.token_ids, cached + n) > bm.num_free_blocks:
-                return
-            self.waiting.popleft()
-            seq.num_computed_tokens = bm.allocate_prompt(seq.seq_id, seq.token_ids)
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.num_cached_tokens = seq.num_computed_tokens
-            out.block_copies += bm.append_slots(seq.seq_id, seq.num_computed_tokens + n)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.scheduled.append((seq, n))
-            budget -= n
-
-    def preempt(self, seq) -> None:
-        self.running.remove(seq)
-        self.block_manager.free(seq.seq_id)
-        seq.status = SequenceStatus.WAITING
-        seq.num_computed_tokens = 0
-        seq.metrics.num_preemptions += 1
-        self.waiting.appendleft(seq)
-
-
-# The method each task grades, and the reference methods the probe borrows for the others.
-TASK_METHOD = {1: "_schedule_running", 2: "_admit_waiting", 3: "preempt"}
-
-
-class _Violation(Exception):
-    """A broken rule, found while the engine runs. `task` says which method's rule it is."""
-
-    def __init__(self, message: str, task: str | None = None) -> None:
-        super().__init__(message)
-        self.task = task
+def fcfs_step(bm, running, waiting, budget, max_num_seqs):
+    """What FCFS continuous batching schedules in one step. `bm` is a deep copy of the engine's block manager (this
+    changes it); `running` (oldest first) and `waiting` (head first) are lists of Items.
+    Returns (batch [(seq, first position, num tokens)] in order, preempted seqs, copy-on-write pairs)."""
+    batch, preempted, copies = [], [], []
+    seats = list(running)
+    for item in running:                                  # 1. running sequences, oldest first
+        if budget <= 0 or item not in seats:
+            break
+        end = min(len(item.tokens), item.computed + budget)
+        while item in seats and bm.num_blocks_needed(item.seq_id, end) > bm.num_free_blocks:
+            victim = seats.pop()                          # the newest one leaves, blocks and all
+            bm.free(victim.seq_id)
+            preempted.append(victim.seq)
+        if item in seats:
+            copies += bm.append_slots(item.seq_id, end)
+            batch.append((item.seq, item.computed, end - item.computed))
+            budget -= end - item.computed
+    for item in [] if preempted else waiting:             # 2. then the queue, head first, no overtaking
+        start = bm.peek_prefix(item.tokens)
+        end = min(len(item.tokens), start + budget)
+        if budget <= 0 or len(seats) >= max_num_seqs or bm.blocks_to_admit(item.tokens, end) > bm.num_free_blocks:
+            break
+        bm.allocate_prompt(item.seq_id, list(item.tokens))
+        copies += bm.append_slots(item.seq_id, end)
+        seats.append(item)
+        batch.append((item.seq, start, end - start))
+        budget -= end - start
+    return batch, preempted, copies
 
 
 # --------------------------------------------------------------------------- cases
 
 @dataclass(frozen=True)
 class Case:
-    """A request set and an engine configuration. Request i arrives at step arrivals[i]."""
-    prompts: tuple[tuple[int, ...], ...]
-    max_tokens: tuple[int, ...]
-    arrivals: tuple[int, ...]
+    """A request set and an engine configuration. Request i arrives at step arrivals[i] and wants n[i] samples."""
+    prompts: tuple
+    max_tokens: tuple
+    arrivals: tuple
+    n: tuple
     block_size: int
     num_blocks: int
     budget: int
@@ -184,11 +107,11 @@ class Case:
     prefix_caching: bool = False
 
     def __repr__(self) -> str:
-        reqs = ", ".join(f"'{i}': {len(p)}-token prompt + {m} out @step {a}"
-                         for i, (p, m, a) in enumerate(zip(self.prompts, self.max_tokens, self.arrivals)))
-        return (f"[{reqs}]; max_num_batched_tokens={self.budget}, max_num_seqs={self.max_num_seqs}, "
-                f"KV pool {self.num_blocks} blocks x {self.block_size} tokens, "
-                f"prefix caching {'on' if self.prefix_caching else 'off'}")
+        reqs = ", ".join(f"'{i}': {len(p)}-token prompt + {m} out{f' x{k}' if k > 1 else ''} @step {a}"
+                         for i, (p, m, a, k) in enumerate(zip(self.prompts, self.max_tokens, self.arrivals, self.n)))
+        return (f"[{reqs}]; max_num_batched_tokens={self.budget}, max_num_seqs={self.max_num_seqs}, KV pool "
+                f"{self.num_blocks} blocks x {self.block_size} tokens, prefix caching "
+                f"{'on' if self.prefix_caching else 'off'}")
 
     def _repr_pretty_(self, p, cycle) -> None:     # hypothesis prints falsifying examples with this
         p.text(repr(self))
@@ -196,39 +119,39 @@ class Case:
 
 def make_case(requests, *, block_size=4, num_blocks=None, spare_blocks=0, budget=16, max_num_seqs=8,
               prefix_caching=False, arrivals=None) -> Case:
-    """requests: [(prompt token list, max_tokens)]. Without num_blocks, the pool holds the longest request plus
-    `spare_blocks` blocks (small pools force preemption)."""
-    prompts = tuple(tuple(int(t) for t in p) for p, _ in requests)
-    outs = tuple(int(m) for _, m in requests)
+    """requests: [(prompt tokens, max_tokens)] or [(prompt, max_tokens, n)]. Without num_blocks the pool holds the
+    longest sequence plus `spare_blocks` blocks (small pools force preemption)."""
+    prompts = tuple(tuple(int(t) for t in r[0]) for r in requests)
+    outs = tuple(int(r[1]) for r in requests)
+    ns = tuple(int(r[2]) if len(r) > 2 else 1 for r in requests)
     if num_blocks is None:
-        longest = max(len(p) + m for p, m in zip(prompts, outs))
-        num_blocks = -(-longest // block_size) + spare_blocks
-    return Case(prompts, outs, tuple(arrivals or [0] * len(prompts)), block_size, num_blocks, budget,
+        num_blocks = -(-max(len(p) + m for p, m in zip(prompts, outs)) // block_size) + spare_blocks
+    return Case(prompts, outs, tuple(arrivals or [0] * len(prompts)), ns, block_size, num_blocks, budget,
                 max_num_seqs, prefix_caching)
 
 
-def _toks(seed: int, n: int, lo: int = 3, hi: int = 128) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(lo, hi, (n,), generator=g).tolist()
+def _toks(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @st.composite
 def cases(draw, pressure: bool = False):
     """Random request sets; `pressure` draws more, longer-running requests into a pool barely larger than the
     longest one, so most cases preempt. Token ids come from seeds, so hypothesis shrinks lengths, not tokens."""
-    n = draw(st.integers(2, 5) if pressure else st.integers(1, 5))
+    k = draw(st.integers(2, 5) if pressure else st.integers(1, 5))
     shared = _toks(draw(st.integers(0, 99)), draw(st.integers(0, 12)))
     reqs = []
-    for i in range(n):
+    for i in range(k):
         own = _toks(1000 + 37 * i + draw(st.integers(0, 99)), draw(st.integers(1, 36)))
-        prompt = (shared if draw(st.booleans()) else []) + own
-        reqs.append((prompt, draw(st.integers(4, 16) if pressure else st.integers(1, 10))))
-    gaps = draw(st.lists(st.integers(0, 1 if pressure else 3), min_size=n, max_size=n))
+        reqs.append(((shared if draw(st.booleans()) else []) + own,
+                     draw(st.integers(4, 16) if pressure else st.integers(1, 10)),
+                     draw(st.sampled_from([1, 1, 1, 2, 3]))))
+    gaps = draw(st.lists(st.integers(0, 1 if pressure else 3), min_size=k, max_size=k))
     return make_case(reqs, block_size=draw(st.sampled_from([4, 2, 1, 8])),
                      spare_blocks=draw(st.integers(0, 2) if pressure else st.integers(0, 12)),
                      budget=draw(st.integers(2, 48)),
                      max_num_seqs=draw(st.integers(2, 5) if pressure else st.integers(1, 5)),
-                     prefix_caching=draw(st.booleans()), arrivals=[sum(gaps[:i]) for i in range(n)])
+                     prefix_caching=draw(st.booleans()), arrivals=[sum(gaps[:i]) for i in range(k)])
 
 
 # Hand-picked cases every checker runs first.
@@ -247,461 +170,447 @@ HEAD_BLOCKS = make_case([(_toks(40, 20), 20), (_toks(41, 30), 2), (_toks(42, 3),
                         budget=64, max_num_seqs=4, arrivals=[0, 1, 1])
 SHARED_PREFIX = make_case([(_toks(50, 16) + _toks(51 + i, 5), 4) for i in range(3)], block_size=4, num_blocks=30,
                           budget=16, max_num_seqs=3, prefix_caching=True, arrivals=[0, 3, 3])
+# n = 3 samples fork after the prompt, share its blocks (copy-on-write in the partly filled last block) and outgrow
+# the pool: forked children are preempted, recompute and must still equal the request generated alone
+FORKED_PRESSURE = make_case([(_toks(60, 10), 14, 3), (_toks(61, 7), 10)], block_size=4, num_blocks=9, budget=32,
+                            max_num_seqs=4, arrivals=[0, 1])
+# max_num_seqs counts sequences: the 3 samples of '0' fill every seat, '1' waits although it is one request
+FORKS_FILL_SEATS = make_case([(_toks(70, 6), 8, 3), (_toks(71, 5), 4)], block_size=2, num_blocks=60, budget=32,
+                             max_num_seqs=3, arrivals=[0, 2])
 
 
 # --------------------------------------------------------------------------- running a case
 
-@dataclass
-class Step:
-    scheduled: tuple                # ((request id, n), ...)
-    preempted: tuple                # (request id, ...)
-    state: str                      # the engine state before the step, for messages
-
-
-@dataclass
-class RunResult:
-    outputs: dict = field(default_factory=dict)     # request id -> tuple of output token ids
-    trace: list = field(default_factory=list)       # [Step]
-    error: BaseException | None = None
-    error_step: int = 0
-    error_state: str = ""
-    error_where: str = ""
-    free_blocks_at_end: int = 0
-    leftover: str = ""
-    stall_hint: str = ""
-
-
-def _state(sched, bm, budget) -> str:
-    def s(q):
-        return (f"'{q.request_id}' {q.num_computed_tokens}/{q.num_tokens}"
-                + ("" if q.num_tokens > q.num_prompt_tokens else " (prompt)"))
-    run = ", ".join(s(q) for q in sched.running) or "none"
-    wait = ", ".join(f"'{q.request_id}' {q.num_tokens} tok" for q in sched.waiting) or "none"
-    return (f"running [{run}] (computed/total tokens), waiting [{wait}], {bm.num_free_blocks} free blocks, "
-            f"budget {budget}")
-
-
-def _where(exc: BaseException) -> str:
-    """The innermost frame of the learner's own code (not minillm's) in the traceback."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if "/minillm/" not in f.filename.replace("\\", "/") and "hypothesis" not in f.filename]
-    if not mine:
-        return ""
-    f = mine[-1]
-    return f" (in {f.name}, line {f.lineno}: `{(f.line or '').strip()}`)"
-
-
-def _validate(pre, out, sched, bm, case: Case, step: int) -> None:
-    """The rules every step must keep, whatever the policy details."""
-    pre_running, pre_waiting, state = pre
-    where = f"step {step} ({state})"
-    if not isinstance(out, SchedulerOutput):
-        raise _Violation(f"schedule() returned {type(out).__name__}, not a SchedulerOutput", None)
-    for item in out.scheduled:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise _Violation(f"out.scheduled must hold (sequence, num_new_tokens) pairs, got {item!r}", None)
-    # --- preemption: victims are the newest running sequences, and are listed
-    post_running = list(sched.running)
-    gone = [s for s in pre_running if s not in post_running and not s.is_finished]
-    listed = list(out.preempted)
-    if gone:
-        newest = pre_running[-len(gone):]
-        if {id(s) for s in gone} != {id(s) for s in newest}:
-            newer = [s.request_id for s in pre_running
-                     if s not in gone and pre_running.index(s) > min(pre_running.index(g) for g in gone)]
-            raise _Violation(f"{where}: you preempted {[s.request_id for s in gone]} while newer {newer} kept "
-                             "running: preempt the NEWEST running sequence (self.running[-1]) first — it has done "
-                             "the least work, and the oldest request must always make progress", "victim")
-    if {id(s) for s in gone} != {id(s) for s in listed}:
-        raise _Violation(f"{where}: out.preempted lists {[s.request_id for s in listed]} but the sequences that "
-                         f"left self.running are {[s.request_id for s in gone]}: append every victim to "
-                         "out.preempted", "preempt_list")
-    for s in gone:
-        if s.num_computed_tokens != 0 or bm.has_seq(s.seq_id) or s.status is not SequenceStatus.WAITING \
-                or s not in sched.waiting:
-            raise _Violation(f"{where}: preempted request '{s.request_id}' is not back in the waiting queue "
-                             "with no blocks and num_computed_tokens=0", "preempt")
-    # --- what is scheduled
-    seen = set()
-    for seq, n in out.scheduled:
-        rid = getattr(seq, "request_id", "?")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise _Violation(f"{where}: request '{rid}' was scheduled with {n!r} tokens; every scheduled sequence "
-                             "computes at least 1 token (stop when the budget is used up)", "budget")
-        if seq.num_computed_tokens + n > seq.num_tokens:
-            cached = (" — its first tokens came from the prefix cache (bm.allocate_prompt returned "
-                      f"{seq.num_computed_tokens}): n = min(seq.num_tokens - bm.peek_prefix(seq.token_ids), budget)"
-                      if seq not in pre_running and seq.num_computed_tokens > 0 else "")
-            raise _Violation(f"{where}: request '{rid}' was scheduled for {n} tokens but only "
-                             f"{seq.num_tokens - seq.num_computed_tokens} are left to compute "
-                             f"({seq.num_computed_tokens} of {seq.num_tokens} done){cached}", "count")
-        if id(seq) in seen:
-            raise _Violation(f"{where}: request '{rid}' appears twice in out.scheduled", "count")
-        seen.add(id(seq))
-        if seq not in sched.running:
-            raise _Violation(f"{where}: request '{rid}' was scheduled but is not in self.running", "running")
-        if not bm.has_seq(seq.seq_id) or len(bm.block_table(seq.seq_id)) * bm.block_size < seq.num_computed_tokens + n:
-            raise _Violation(f"{where}: request '{rid}' was scheduled for positions [{seq.num_computed_tokens}, "
-                             f"{seq.num_computed_tokens + n}) but holds no KV slots for them: reserve them with "
-                             "bm.append_slots(seq.seq_id, seq.num_computed_tokens + n) before scheduling", "slots")
-        if bm.num_computed_tokens(seq.seq_id) != seq.num_computed_tokens:
-            raise _Violation(f"{where}: request '{rid}' says num_computed_tokens={seq.num_computed_tokens} but its "
-                             f"blocks hold {bm.num_computed_tokens(seq.seq_id)} computed tokens: set "
-                             "seq.num_computed_tokens to what bm.allocate_prompt returns (the cached prefix)",
-                             "computed")
-    total = out.num_batched_tokens
-    if total > case.budget:
-        sizes = ", ".join(f"'{s.request_id}': {n}" for s, n in out.scheduled)
-        raise _Violation(f"{where}: the step schedules {total} tokens ({sizes}), more than max_num_batched_tokens="
-                         f"{case.budget}", "budget")
-    if len(sched.running) > case.max_num_seqs:
-        raise _Violation(f"{where}: {len(sched.running)} sequences are running after the step, more than "
-                         f"max_num_seqs={case.max_num_seqs}", "max_seqs")
-    # --- admission: first come, first served
-    admitted = [s for s in post_running if s not in pre_running]
-    if admitted:
-        if gone:
-            raise _Violation(f"{where}: {[s.request_id for s in admitted]} were admitted in a step that had to "
-                             "preempt: the pool is under pressure, admit nothing in such a step", "admit_after_preempt")
-        if [id(s) for s in admitted] != [id(s) for s in pre_waiting[:len(admitted)]]:
-            last = max((pre_waiting.index(a) for a in admitted if a in pre_waiting), default=0)
-            skipped = [s.request_id for s in pre_waiting[:last] if s not in admitted]
-            raise _Violation(f"{where}: you admitted {[s.request_id for s in admitted]} while {skipped}, ahead of "
-                             "them in the queue, kept waiting: admit in arrival order and stop at the first "
-                             "request that does not fit (no overtaking)", "overtake")
-        sched_ids = {id(s) for s, _ in out.scheduled}
-        for s in admitted:
-            if id(s) not in sched_ids:
-                raise _Violation(f"{where}: request '{s.request_id}' was admitted into self.running but not "
-                                 "scheduled: give it its first chunk in the same step", "admit_unscheduled")
-
-
-def _stall_hint(sched, bm, case: Case) -> str:
-    """Why a scheduler that schedules nothing in this state is wrong (computed before each step)."""
-    budget = case.budget
-    for seq in sched.running:
-        left = seq.num_tokens - seq.num_computed_tokens
-        if left > budget:
-            return (f"running request '{seq.request_id}' has {left} prompt tokens left, more than the budget "
-                    f"({budget}): give it a chunk n = min(tokens left, budget) — never skip it")
-    for seq in sched.running:
-        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-        if bm.has_seq(seq.seq_id) and \
-                bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks:
-            return (f"running request '{seq.request_id}' needs more blocks than are free: make room by preempting "
-                    "the newest running sequence (self.preempt(self.running[-1])) instead of waiting — nothing "
-                    "frees blocks while nobody runs")
-    if sched.waiting and len(sched.running) < case.max_num_seqs:
-        head = sched.waiting[0]
-        if head.num_tokens > budget:
-            return (f"waiting request '{head.request_id}' has a {head.num_tokens}-token prompt, more than the budget "
-                    f"({budget}): admit it with a partial first chunk n = min(tokens left, budget) (chunked "
-                    "prefill); only free blocks and max_num_seqs make it wait")
-        return (f"waiting request '{head.request_id}' fits ({bm.num_free_blocks} free blocks): admit it")
-    return ""
-
-
-class _Timeout(Exception):
+class _Timeout(BaseException):      # not an Exception: a learner's `except Exception` must not swallow it
     pass
 
 
-class _time_limit:
-    """SIGALRM-based guard against endless loops (main thread on POSIX only; elsewhere a no-op)."""
+def _alarm(signum, frame):
+    raise _Timeout()
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds, self.active = seconds, False
 
-    def __enter__(self):
-        if hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread() \
-                and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
-            def handler(signum, frame):
-                raise _Timeout()
-            self.old = signal.signal(signal.SIGALRM, handler)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
-            self.active = True
-        return self
-
-    def __exit__(self, *exc):
-        if self.active:
+@contextlib.contextmanager
+def _guarded(seconds: float):
+    """One torch thread (the tiny model's ops take microseconds: more only add contention) and a SIGALRM guard
+    against endless loops (main thread on POSIX only; elsewhere no guard)."""
+    threads = torch.get_num_threads()
+    alarm = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread() \
+        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    torch.set_num_threads(1)
+    if alarm:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)   # and again every second
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.old)
-        return False
+            signal.signal(signal.SIGALRM, old)
 
 
-def run_case(scheduler_cls, case: Case, max_steps: int = 5000, validate: bool = True) -> RunResult:
-    """Run `case` through an LLMEngine whose scheduler is `scheduler_cls(config, block_manager)`; record the
-    trace, validate every step, stop at the first error (kept in the result, not raised)."""
+@functools.lru_cache(maxsize=4096)
+def _alone(prompt: tuple, max_tokens: int) -> tuple:
+    """The truth: the request generated on its own, greedily, with a contiguous cache."""
+    from minillm.engine.simple import SimpleGenerator
+    from minillm.sampling.params import SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return tuple(SimpleGenerator(tiny_model(), None).generate(list(prompt), params)[1])
+
+
+def _label(seq) -> str:
+    return f"'{seq.request_id}'" + (f"#{seq.index}" if seq.index else "")
+
+
+def _labels(seqs) -> str:
+    return "[" + ", ".join(_label(s) for s in seqs) + "]"
+
+
+def _fmt(batch, preempted) -> str:
+    text = "[" + ", ".join(f"{_label(s)}: {n}" for s, _, n in batch) + "]"
+    return text + (f" and preempts {_labels(preempted)}" if preempted else "")
+
+
+def _items(seqs, what: str) -> list:
+    """The live queue, copied for the oracle (its sequences must be the engine's Sequence objects)."""
+    seqs = list(seqs)
+    for s in seqs:
+        check(type(s) is Sequence, f"self.{what} must hold the engine's Sequence objects, found {type(s).__name__}")
+    return [Item(s, s.seq_id, tuple(s.token_ids), as_int(s.num_computed_tokens, "num_computed_tokens")) for s in seqs]
+
+
+def _state(running, waiting, free_blocks, budget) -> str:
+    run = ", ".join(f"{_label(i.seq)} {i.computed}/{len(i.tokens)}" for i in running) or "none"
+    wait = ", ".join(f"{_label(i.seq)} {len(i.tokens)} tok" for i in waiting) or "none"
+    return (f"running [{run}] (computed/total tokens), waiting [{wait}], {free_blocks} free blocks, "
+            f"budget {budget}")
+
+
+StepRecord = collections.namedtuple("StepRecord", "step batch preempted state")   # batch: [(seq, start, n)]
+
+
+def run_case(cls, case: Case, *, time_limit: float = TIME_LIMIT_S) -> list:
+    """Run `case` through an LLMEngine with the scheduler class `cls` as it is; check every step against the oracle
+    and the rules, then the outputs and the pool. Returns the steps (StepRecords); raises GradingError at the first
+    thing wrong."""
+    __tracebackhide__ = True
     from minillm.engine.llm_engine import LLMEngine
     engine = LLMEngine.from_model(tiny_model(), None, block_size=case.block_size, num_blocks=case.num_blocks,
                                   max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.budget,
                                   enable_prefix_caching=case.prefix_caching, attention_backend="torch")
-    with _one_thread():
-        return _run(engine, scheduler_cls, case, max_steps, validate)
-
-
-def _run(engine, scheduler_cls, case: Case, max_steps: int, validate: bool) -> RunResult:
-    from minillm.sampling.params import SamplingParams
-    res = RunResult()
-    bm = engine.block_manager
     try:
-        sched = scheduler_cls(engine.scheduler.config, bm)
+        with _guarded(time_limit):
+            return _drive(engine, cls, case)
+    except _Timeout:
+        fail(f"the scheduler did not return within {time_limit:g} s: an endless loop? (a while loop whose "
+             "condition never changes, e.g. preempting a sequence that stays in self.running)")
+
+
+def _drive(engine, cls, case: Case) -> list:
+    __tracebackhide__ = True
+    from minillm.sampling.params import SamplingParams
+    try:
+        sched = cls(engine.scheduler.config, engine.block_manager)
         engine.plug(scheduler=sched)
-    except NotImplementedError:
+    except (GradingError, NotImplementedError, _Timeout):
         raise
-    except Exception as e:  # noqa: BLE001
-        res.error, res.error_where = e, _where(e)
-        return res
-    inner = sched.schedule
-    step_no = [0]
-
-    def recorded():
-        pre = (list(sched.running), list(sched.waiting), _state(sched, bm, case.budget))
-        res.error_state = pre[2]
-        out = inner()
-        if validate:
-            _validate(pre, out, sched, bm, case, step_no[0])
-        res.trace.append(Step(tuple((s.request_id, n) for s, n in out.scheduled),
-                              tuple(s.request_id for s in out.preempted), pre[2]))
-        return out
-
-    sched.schedule = recorded
+    except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
+        fail(f"building your scheduler raised {type(e).__name__}: {e}{_where(e)}")
+    seen, records, done, bm = [], [], {}, engine.block_manager
+    engine.add_step_observer(seen.append)
     order = sorted(range(len(case.prompts)), key=lambda i: case.arrivals[i])
     tick = 0
-    try:
-        while order or engine.has_unfinished_requests():
-            while order and case.arrivals[order[0]] <= tick:
-                i = order.pop(0)
-                engine.add_request(list(case.prompts[i]), SamplingParams(temperature=0, max_tokens=case.max_tokens[i],
-                                                                         ignore_eos=True), request_id=str(i))
-            if engine.has_unfinished_requests():
-                step_no[0] += 1
-                if step_no[0] > max_steps:
-                    raise _Violation(f"no progress: {max_steps} steps and requests are still unfinished "
-                                     f"({_state(sched, bm, case.budget)}) — some request is starving", "starve")
-                if validate:
-                    res.stall_hint = _stall_hint(sched, bm, case)
-                for o in engine.step():
-                    if o.finished:
-                        res.outputs[o.request_id] = tuple(o.outputs[0].token_ids)
-                if validate:
-                    try:
-                        bm.check_invariants()
-                    except AssertionError as e:
-                        raise _Violation(f"after step {step_no[0]} the block manager is inconsistent: {e}",
-                                         "invariants") from None
-            tick += 1
-    except NotImplementedError:
-        raise
-    except BaseException as e:  # noqa: BLE001 — the learner's code may raise anything
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+    while order or engine.has_unfinished_requests():
+        while order and case.arrivals[order[0]] <= tick:
+            i = order.pop(0)
+            engine.add_request(list(case.prompts[i]), SamplingParams(temperature=0, max_tokens=case.max_tokens[i],
+                                                                     ignore_eos=True, n=case.n[i]),
+                               request_id=str(i))
+        tick += 1
+        if not engine.has_unfinished_requests():
+            continue
+        k = len(records) + 1
+        check(k <= 2000, "no progress: 2000 steps and requests are still unfinished — some request is starving")
+        check(sched.block_manager is bm, "your scheduler replaced self.block_manager: keep the engine's")
+        running, waiting = _items(sched.running, "running"), _items(sched.waiting, "waiting")
+        state = _state(running, waiting, bm.num_free_blocks, case.budget)
+        expected = fcfs_step(copy.deepcopy(bm), running, waiting, case.budget, case.max_num_seqs)
+        try:
+            for o in engine.step():
+                if o.finished:
+                    done[o.request_id] = [c.token_ids for c in o.outputs]
+        except (GradingError, NotImplementedError, _Timeout):
             raise
-        res.error, res.error_step, res.error_where = e, step_no[0], _where(e)
-        return res
-    res.free_blocks_at_end = bm.num_free_blocks
-    if sched.running or sched.waiting:
-        res.leftover = _state(sched, bm, case.budget)
-    return res
+        except Exception as e:  # noqa: BLE001
+            fail(_crash(e, k, state, expected, [i.seq for i in running], [i.seq for i in waiting], sched, bm))
+        check(len(seen) == 1, f"step {k}: the engine called its step observer {len(seen)} times")
+        records.append(_check_step(k, seen.pop(), expected, state, sched, case))
+    _check_end(engine, bm, case, done)
+    return records
 
 
-@functools.lru_cache(maxsize=512)
-def reference_run(case: Case) -> RunResult:
-    res = run_case(ReferenceScheduler, case)
-    if res.error is not None:   # the reference must run every case the strategies can draw
-        raise RuntimeError(f"the reference scheduler failed on {case!r}: {res.error!r}")
-    return res
+def _check_step(k: int, info, expected, state: str, sched, case: Case) -> StepRecord:
+    """The step's rules, then its decision against the oracle's."""
+    __tracebackhide__ = True
+    where = f"step {k} ({state})"
+    out = info.scheduler_output
+    if type(out.scheduled) is not list or type(out.preempted) is not list:
+        fail(f"{where}: out.scheduled and out.preempted must stay lists (append to them)")
+    batch, ids = [], set()
+    for item in out.scheduled:
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not Sequence:
+            fail(f"{where}: out.scheduled must hold (seq, num_new_tokens) tuples, got {item!r:.80}")
+        seq, n = item[0], as_int(item[1], f"the number of tokens scheduled for {_label(item[0])}")
+        check(n >= 1, f"{where}: {_label(seq)} was scheduled with {n} tokens; every scheduled sequence computes at "
+                      "least 1 token (stop when the budget is used up)")
+        check(id(seq) not in ids, f"{where}: {_label(seq)} appears twice in out.scheduled")
+        ids.add(id(seq))
+        batch.append((seq, as_int(seq.num_computed_tokens, "num_computed_tokens") - n, n))   # commit added n
+    total = sum(n for _, _, n in batch)
+    check(total <= case.budget, f"{where}: the step schedules {total} tokens ({_fmt(batch, [])}), more than "
+                                f"max_num_batched_tokens={case.budget}")
+    before = [s.seq for s in info.running_before]
+    queued = [s.seq for s in info.waiting_before]
+    now = {id(s) for s in sched.running}
+    gone = _victims(where, before, sched)
+    listed = list(out.preempted)
+    if {id(s) for s in gone} != {id(s) for s in listed}:
+        fail(f"{where}: out.preempted lists {_labels(listed)} but the sequences that left self.running are "
+             f"{_labels(gone)}: append every victim to out.preempted")
+    old = {id(s) for s in before}
+    admitted = [s for s, _, _ in batch if id(s) not in old]
+    joined = [s for s in queued if id(s) in now and id(s) not in ids]
+    if joined:
+        fail(f"{where}: {_labels(joined)} joined self.running without being scheduled: give an admitted sequence "
+             "its first chunk in the same step")
+    outside = [s for s, _, _ in batch if id(s) not in now and not s.is_finished]
+    check(not outside, f"{where}: {_labels(outside)} were scheduled but are not in self.running: an admitted "
+                       "sequence joins self.running (append it), or the engine never schedules it again")
+    idle = [s for s in admitted if s.status is not SequenceStatus.RUNNING and not s.is_finished]
+    check(not idle, f"{where}: admitted {_labels(idle)} still have status {idle[0].status if idle else ''}: set "
+                    "seq.status = SequenceStatus.RUNNING")
+    if admitted:
+        check(not gone, f"{where}: {_labels(admitted)} were admitted in a step that had to preempt: the pool is under "
+                        "pressure, admit nothing in such a step")
+        if [id(s) for s in admitted] != [id(s) for s in queued[:len(admitted)]]:
+            last = max((queued.index(a) for a in admitted if a in queued), default=0)
+            skipped = [s for s in queued[:last] if s not in admitted]
+            fail(f"{where}: you admitted {_labels(admitted)} while {_labels(skipped)}, ahead of them in the queue, "
+                 "kept waiting: admit in arrival order and stop at the first request that does not fit (no "
+                 "overtaking)")
+        seats = len(before) - len(gone) + len(admitted)
+        check(seats <= case.max_num_seqs, f"{where}: {seats} sequences run after admitting {_labels(admitted)}, more "
+                                          f"than max_num_seqs={case.max_num_seqs} (a request with n > 1 runs n "
+                                          "sequences: count sequences, not requests)")
+    want, want_out, want_copies = expected
+    if [(id(s), a, n) for s, a, n in batch] != [(id(s), a, n) for s, a, n in want] or \
+            {id(s) for s in listed} != {id(s) for s in want_out}:
+        fail(f"{where}: the policy schedules {_fmt(want, want_out)}, yours scheduled {_fmt(batch, listed)} — "
+             + _diff(batch, listed, want, want_out, before))
+    copies = sorted(tuple(as_int(x, "a block id in out.block_copies") for x in pair) for pair in out.block_copies)
+    check(copies == sorted(want_copies),
+          f"{where}: out.block_copies is {copies} but bm.append_slots returned the copy-on-write pairs "
+          f"{sorted(want_copies)}: add what append_slots returns to out.block_copies (a sample forked with n > 1 "
+          "shares its blocks; the engine must copy a shared block before writing into it)")
+    return StepRecord(k, batch, listed, state)
 
 
-# --------------------------------------------------------------------------- judging a run
+def _victims(where: str, before: list, sched) -> list:
+    """The sequences preempted in the step (they left self.running unfinished): the newest ones, or fail."""
+    __tracebackhide__ = True
+    now = {id(s) for s in sched.running}
+    gone = [s for s in before if id(s) not in now and not s.is_finished]
+    if gone and {id(s) for s in gone} != {id(s) for s in before[-len(gone):]}:
+        kept = [s for s in before[before.index(gone[0]):] if s not in gone]
+        fail(f"{where}: you preempted {_labels(gone)} while newer {_labels(kept)} kept running: preempt the NEWEST "
+             "running sequence (self.running[-1]) first — it has done the least work, and the oldest must always "
+             "make progress")
+    return gone
+
+
+def _diff(batch, listed, want, want_out, before) -> str:
+    """Why the learner's decision differs from the oracle's, in the policy's words."""
+    got = {id(s): (a, n) for s, a, n in batch}
+    if want_out and not listed:
+        return ("the pool cannot hold the new tokens of a running sequence: preempt the newest running sequence "
+                "(self.preempt(self.running[-1])) and add it to out.preempted, instead of waiting (nothing frees "
+                "blocks while nobody runs)")
+    if listed and not want_out:
+        return "preempt only while bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks"
+    if {id(s) for s in listed} != {id(s) for s in want_out}:
+        return "preempt the newest running sequence, one at a time, only until the pool holds the new tokens"
+    old = {id(s) for s in before}
+    for seq, start, n in want:
+        running = id(seq) in old
+        if id(seq) not in got:
+            left = len(seq.token_ids) - start           # it did not run: its tokens are as they were
+            if running and n < left:
+                return (f"running {_label(seq)} has {left} tokens left to compute, more than the budget left: give "
+                        f"it a chunk n = min(tokens left, budget) = {n} — never skip it")
+            if running:
+                return (f"running {_label(seq)} should get {n} token(s) this step: serve every running sequence, "
+                        "oldest first, while budget > 0"
+                        + ("; stop early only when the victim is seq itself (compare sequences by identity, "
+                           "`victim is seq`: a request with n > 1 has several)" if listed else ""))
+            return (f"waiting {_label(seq)} fits (budget, max_num_seqs and free blocks allow it): admit it"
+                    + (" with a partial first chunk n = min(tokens left, budget) (chunked prefill)" if n < left
+                       else ""))
+        a, m = got[id(seq)]
+        if (a, m) != (start, n):
+            if a != start:
+                return (f"{_label(seq)} starts at position {a} but {start} of its tokens are already computed (the "
+                        "prefix cache holds them): set seq.num_computed_tokens to what bm.allocate_prompt returns")
+            return (f"{_label(seq)} should get min(tokens left, budget left) = {n}, not {m}"
+                    + ("" if running else ", where tokens left = seq.num_tokens - bm.peek_prefix(seq.token_ids)"))
+    extra = [s for s, _, _ in batch if all(s is not w for w, _, _ in want)]
+    if extra:
+        return (f"{_labels(extra)} should not run this step (out of budget, max_num_seqs reached, no free blocks for "
+                "it, or a sequence ahead of it in the queue does not fit)")
+    return "serve sequences in order: the running ones oldest first, then the waiting queue from its head"
+
 
 _HINTS = {
-    1: {
-        "NoFreeBlocksError": "you reserved slots the pool does not have: while bm.num_blocks_needed(seq.seq_id, "
-                             "seq.num_computed_tokens + n) > bm.num_free_blocks, preempt the newest running "
-                             "sequence (self.preempt(self.running[-1])) — and stop if the victim is seq itself",
-        "KeyError": "a preempted sequence has no blocks any more: when the victim is seq itself, stop (return) "
-                    "instead of scheduling it",
-    },
-    2: {
-        "NoFreeBlocksError": "admit a sequence only if bm.blocks_to_admit(seq.token_ids, cached + n) <= "
-                             "bm.num_free_blocks; otherwise stop admitting",
-        "ValueError": "after bm.allocate_prompt, seq.num_computed_tokens is what it returns (the prompt tokens found "
-                      "in the prefix cache); reserve slots up to seq.num_computed_tokens + n",
-    },
-    3: {},
+    "NoFreeBlocksError": "a sequence's slots were reserved though the pool does not have them: check "
+                         "bm.num_blocks_needed(...) (running) or bm.blocks_to_admit(...) (waiting) against "
+                         "bm.num_free_blocks first — preempt the newest running sequence, or stop admitting",
+    "KeyError": "a preempted sequence has no blocks any more: when the victim is seq itself, stop (return) "
+                "instead of scheduling it",
 }
 
 
-def _judge(task: int, case: Case, res: RunResult) -> None:
-    """Turn a learner's run into an AssertionError with a diagnosis, or return when it equals the reference."""
-    if res.error is not None:
-        e = res.error
-        if isinstance(e, _Violation):
-            assert False, str(e)
-        if isinstance(e, _Timeout):
-            assert False, (f"the scheduler did not return within {TIME_LIMIT_S} s at step {res.error_step} "
-                           f"({res.error_state}): an endless loop?")
-        name = type(e).__name__
-        msg = (str(e).strip().splitlines() or [""])[0]
-        if isinstance(e, RuntimeError) and "made no progress" in msg:
-            hint = res.stall_hint
-            assert False, (f"starvation at step {res.error_step}: the scheduler scheduled nothing although "
-                           f"requests are unfinished ({res.error_state})" + (f" — {hint}" if hint else ""))
-        hint = _HINTS[task].get(name, "")
-        assert False, (f"the engine failed at step {res.error_step} with {name}: {msg}{res.error_where} "
-                       f"[{res.error_state}]" + (f" — {hint}" if hint else ""))
-    for i, (p, m) in enumerate(zip(case.prompts, case.max_tokens)):
-        got, want = res.outputs.get(str(i)), _alone(p, m)
-        if got is None:
-            assert False, f"request '{i}' never finished"
-        if got != want:
-            k = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            why = {3: " — a preempted sequence has no KV left: reset num_computed_tokens to 0 so it recomputes",
-                   2: " — after bm.allocate_prompt the sequence's num_computed_tokens is what it returns (cached "
-                      "tokens); the first chunk starts there"}.get(task, "")
-            assert False, (f"request '{i}' generated {list(got)}, but generated alone it gives {list(want)} "
-                           f"(first difference at output token {k}){why}")
-    if res.free_blocks_at_end != case.num_blocks or res.leftover:
-        assert False, (f"after every request finished, {case.num_blocks - res.free_blocks_at_end} KV blocks are "
-                       f"still in use{' and the queues are not empty: ' + res.leftover if res.leftover else ''}")
-    ref = reference_run(case)
-    for k, (a, b) in enumerate(zip(res.trace, ref.trace), start=1):
-        if (a.scheduled, a.preempted) != (b.scheduled, b.preempted):
-            why = _diff_hint(a, b)
-            assert False, (f"step {k} ({b.state}): the policy schedules {_fmt(b)}, yours scheduled {_fmt(a)}"
-                           + (f" — {why}" if why else ""))
-    if len(res.trace) != len(ref.trace):
-        assert False, f"your run took {len(res.trace)} steps, the policy takes {len(ref.trace)}"
+def _crash(e: BaseException, k: int, state: str, expected, before: list, queued: list, sched, bm) -> str:
+    """The message for a step that raised."""
+    __tracebackhide__ = True
+    msg = (str(e).strip().splitlines() or [""])[0]
+    want = f"the policy schedules {_fmt(expected[0], expected[1])} here"
+    gone = _victims(f"step {k} ({state})", before, sched)
+    if isinstance(e, RuntimeError) and "made no progress" in msg:
+        return (f"step {k} ({state}): your scheduler scheduled nothing although requests are unfinished"
+                + (f" (it preempted {_labels(gone)})" if gone else "") + f"; {want} — "
+                + _diff([], gone, *expected[:2], before))
+    hint = _HINTS.get(type(e).__name__, "")
+    if isinstance(e, KeyError) and any(f"seq_id {s.seq_id} " in msg for s in queued):
+        hint = ("a waiting sequence has no block table yet: admit it with bm.allocate_prompt(seq.seq_id, "
+                "seq.token_ids) before reserving its slots with bm.append_slots")
+    if "num_computed_tokens" in msg and "append_slots" in msg:
+        hint = ("after bm.allocate_prompt, seq.num_computed_tokens is what it returns (the cached prefix); reserve "
+                "slots up to seq.num_computed_tokens + n")
+    elif "slot_mapping" in msg:
+        hint = "reserve the slots of every scheduled token: bm.append_slots(seq.seq_id, seq.num_computed_tokens + n)"
+    for seq in sched.running:
+        if bm.has_seq(seq.seq_id) and len(bm.block_table(seq.seq_id)) * bm.block_size >= seq.num_tokens + bm.block_size:
+            hint = (f"{_label(seq)} was given slots past its {seq.num_tokens} tokens: n = min(tokens left, budget), "
+                    "and for a waiting sequence tokens left = seq.num_tokens - bm.peek_prefix(seq.token_ids) (its "
+                    "cached prefix is not computed again)")
+    return (f"step {k} ({state}): the engine failed with {type(e).__name__}: {msg}{_where(e)}; {want}"
+            + (f" — {hint}" if hint else ""))
 
 
-def _fmt(step: Step) -> str:
-    s = "[" + ", ".join(f"'{r}': {n}" for r, n in step.scheduled) + "]"
-    return s + (f" and preempts {list(step.preempted)}" if step.preempted else "")
+def _where(exc: BaseException) -> str:
+    """The innermost frame of the learner's own code (not minillm's, torch's or hypothesis') in the traceback."""
+    mine = [f for f in traceback.extract_tb(exc.__traceback__)
+            if f.filename.startswith("<ipython") or not is_library_file(f.filename)]
+    return f" (in {mine[-1].name}, line {mine[-1].lineno}: `{(mine[-1].line or '').strip()}`)" if mine else ""
 
 
-def _diff_hint(mine: Step, ref: Step) -> str:
-    a, b = dict(mine.scheduled), dict(ref.scheduled)
-    if ref.preempted and not mine.preempted:
-        return "when the pool cannot hold a sequence's new tokens, preempt the newest running sequence"
-    if mine.preempted and not ref.preempted:
-        return "preempt only when bm.num_blocks_needed(...) exceeds bm.num_free_blocks"
-    for r, n in ref.scheduled:
-        if r not in a:
-            return (f"request '{r}' should get {n} token(s) this step: serve the running sequences oldest first, "
-                    "then admit waiting ones while budget, max_num_seqs and free blocks allow (chunking prompts "
-                    "that exceed the budget)")
-        if a[r] != n:
-            return f"request '{r}' should get min(tokens left, budget left) = {n}, not {a[r]}"
-    extra = [r for r in a if r not in b]
-    if extra:
-        return f"{extra} should not run this step (budget, max_num_seqs, free blocks, or a preemption in this step)"
-    return "serve sequences in order: running ones oldest first, then the waiting queue from its head"
+def _check_end(engine, bm, case: Case, done: dict) -> None:
+    __tracebackhide__ = True
+    for i, (p, m, n) in enumerate(zip(case.prompts, case.max_tokens, case.n)):
+        samples, want = done.get(str(i)), list(_alone(p, m))
+        check(samples is not None, f"request '{i}' never finished")
+        check(len(samples) == n, f"request '{i}' asked for n={n} samples and returned {len(samples)}")
+        for j, got in enumerate(samples):
+            if got != want:
+                d = next((t for t, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                fail(f"request '{i}'{f' sample {j}' if n > 1 else ''} generated {got}, but generated alone it gives "
+                     f"{want} (first difference at output token {d}): its KV cache was not what it computed — "
+                     "a preempted sequence must recompute everything (num_computed_tokens = 0), an admitted one "
+                     "starts at the cached prefix allocate_prompt returns")
+    check(bm.num_free_blocks == case.num_blocks and not engine.has_unfinished_requests(),
+          f"after every request finished, {case.num_blocks - bm.num_free_blocks} KV blocks are still in use"
+          f"{' and sequences are still queued' if engine.has_unfinished_requests() else ''}")
 
 
-# --------------------------------------------------------------------------- the checkers
+# --------------------------------------------------------------------------- the probes and the checkers
 
-def _probe(cls, task: int):
-    """The learner's class with the other two tasks' methods (and schedule()) taken from the reference."""
-    if not isinstance(cls, type):
-        cls = type(cls)
-    if not issubclass(cls, Scheduler):
-        fail(f"pass your scheduler class (a subclass of minillm's Scheduler), got {cls.__name__}",
-             "class MyScheduler(Scheduler): ... then check(MyScheduler)")
-    name = TASK_METHOD[task]
-    fn = getattr(cls, name)
-    owner = next(k for k in cls.__mro__ if name in vars(k))
-    if owner is Scheduler or owner is ReferenceScheduler or (owner.__module__ or "").startswith("minillm."):
-        fail(f"{cls.__name__} does not define {name}: write it in the answer cell (it inherits minillm's).")
-    from minillm.engine.scheduler import Scheduler as _S
-    reject_reference(fn, getattr(_S, name), getattr(ReferenceScheduler, name))
-    borrowed = {"schedule": ReferenceScheduler.schedule}
-    for t, m in TASK_METHOD.items():
-        if t != task:
-            borrowed[m] = getattr(ReferenceScheduler, m)
+def _probe(cls: type, task: int) -> type:
+    """The learner's class with everything but the graded method taken from minillm's Scheduler."""
+    graded = METHODS[task - 1]
+    env = {m: vars(Scheduler)[m] for m in PLUMBING + METHODS if m != graded}
     if task == 3:
-        borrowed["preempt"] = _checked_preempt(fn)
-    return type(cls.__name__, (cls,), borrowed)
+        env["preempt"] = _checked_preempt(getattr(cls, "preempt"))
+    return type(cls.__name__, (cls,), env)
 
 
 def _checked_preempt(fn):
     """The learner's preempt(seq), followed by a check of the state it must leave behind."""
     def preempt(self, seq):
-        before = seq.metrics.num_preemptions
-        first_waiting = self.waiting[0] if self.waiting else None
+        __tracebackhide__ = True
+        count, rest, queue = seq.metrics.num_preemptions, [s for s in self.running if s is not seq], list(self.waiting)
         fn(self, seq)
-        rid = f"'{seq.request_id}'"
-        if seq in self.running:
-            raise _Violation(f"after preempt({rid}) the sequence is still in self.running: remove it", "preempt")
-        if self.block_manager.has_seq(seq.seq_id):
-            raise _Violation(f"after preempt({rid}) its KV blocks are still allocated: free them with "
-                             "self.block_manager.free(seq.seq_id) (recompute-style preemption keeps nothing)",
-                             "preempt")
-        if seq.num_computed_tokens != 0:
-            raise _Violation(f"after preempt({rid}) num_computed_tokens is still {seq.num_computed_tokens}: its KV "
-                             "is gone, so reset it to 0 (it will recompute prompt + generated tokens)", "preempt")
-        if seq.status is not SequenceStatus.WAITING:
-            raise _Violation(f"after preempt({rid}) its status is {seq.status}: set SequenceStatus.WAITING",
-                             "preempt")
+        rid, bm = f"preempt({_label(seq)})", self.block_manager
+        check(all(s is not seq for s in self.running), f"after {rid} the sequence is still in self.running: remove it")
+        check(not bm.has_seq(seq.seq_id), f"after {rid} its KV blocks are still allocated: free them with self."
+                                          "block_manager.free(seq.seq_id) (recompute-style preemption keeps nothing)")
+        computed = as_int(seq.num_computed_tokens, "num_computed_tokens")
+        check(computed == 0, f"after {rid} num_computed_tokens is still {computed}: its KV is gone, so reset it to 0 "
+                             "(it will recompute prompt + generated tokens)")
+        check(seq.status is SequenceStatus.WAITING,
+              f"after {rid} its status is {seq.status}: set SequenceStatus.WAITING")
         if not self.waiting or self.waiting[0] is not seq:
             where = "not in the waiting queue" if seq not in self.waiting else \
                 f"at position {list(self.waiting).index(seq)} of the waiting queue"
-            raise _Violation(f"after preempt({rid}) it is {where}: put it at the HEAD (self.waiting.appendleft) — "
-                             "it arrived before everyone waiting, and FCFS must resume it first", "preempt")
-        if list(self.waiting)[1:2] != ([first_waiting] if first_waiting is not None else []):
-            raise _Violation(f"preempt({rid}) reordered the rest of the waiting queue", "preempt")
-        if seq.metrics.num_preemptions != before + 1:
-            raise _Violation(f"preempt({rid}) changed seq.metrics.num_preemptions from {before} to "
-                             f"{seq.metrics.num_preemptions}: add 1 (the engine reports it per request)", "preempt")
+            fail(f"after {rid} it is {where}: put it at the HEAD (self.waiting.appendleft) — it arrived before "
+                 "everyone waiting, and FCFS must resume it first")
+        check([id(s) for s in list(self.waiting)[1:]] == [id(s) for s in queue],
+              f"{rid} changed the rest of the waiting queue: only seq goes to its head")
+        lost = [s for s in rest if all(s is not r for r in self.running) or not bm.has_seq(s.seq_id)]
+        check(not lost, f"{rid} also took {_labels(lost)} out of self.running or freed their blocks: preempt only seq "
+                        "(a request with n > 1 runs n sequences, each with its own seq_id; match by identity, not "
+                        "by request_id)")
+        now = as_int(seq.metrics.num_preemptions, "seq.metrics.num_preemptions")
+        check(now == count + 1, f"{rid} changed seq.metrics.num_preemptions from {count} to {now}: add 1 (the engine "
+                                "reports it per request)")
     return preempt
 
 
-def _check(task: int, cls, strategy, examples, hint: str, max_examples: int) -> None:
+SUITES = {   # task -> (hand-picked cases, hint, max_examples, pressure only)
+    1: ((CHUNKING, DECODE_PLUS_CHUNK, TINY_BUDGET, PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE),
+        "for seq in self.running (oldest first) while budget > 0: n = min(seq.num_uncomputed, budget); while "
+        "bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks: preempt "
+        "self.running[-1] (add it to out.preempted; return if it was seq); then out.block_copies += "
+        "bm.append_slots(...), out.scheduled.append((seq, n)), budget -= n.", 20, False),
+    2: ((CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, DECODE_PLUS_CHUNK, FORKS_FILL_SEATS),
+        "while waiting and budget > 0 and len(running) < max_num_seqs: seq = waiting[0]; cached = "
+        "bm.peek_prefix(seq.token_ids); n = min(seq.num_tokens - cached, budget); stop if bm.blocks_to_admit("
+        "seq.token_ids, cached + n) > bm.num_free_blocks; else popleft, seq.num_computed_tokens = "
+        "bm.allocate_prompt(...), append_slots(seq.seq_id, seq.num_computed_tokens + n), status RUNNING, "
+        "running.append, schedule (seq, n), budget -= n.", 20, False),
+    3: ((PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE),
+        "remove seq from self.running, self.block_manager.free(seq.seq_id), status = SequenceStatus.WAITING, "
+        "num_computed_tokens = 0, metrics.num_preemptions += 1, self.waiting.appendleft(seq).", 12, True),
+}
+
+
+def _verify(task: int, cls, time_limit: float) -> None:
     __tracebackhide__ = True
-    probe = _probe(cls, task)
+    examples, hint, max_examples, pressure_only = SUITES[task]
+    probe = _probe(cls if isinstance(cls, type) else type(cls), task)
     timed_out = []
 
     def prop(case):
         if timed_out:   # an endless loop: fail every further example at once (else shrinking would hang too)
-            assert False, timed_out[0]
-        ref = reference_run(case)
-        with _time_limit(TIME_LIMIT_S):
-            res = run_case(probe, case, max_steps=3 * len(ref.trace) + 20)
-        if isinstance(res.error, _Timeout):
-            timed_out.append(f"the scheduler did not return within {TIME_LIMIT_S} s at step {res.error_step} "
-                             f"({res.error_state}): an endless loop?")
-        _judge(task, case, res)
+            raise GradingError(timed_out[0])
+        try:
+            run_case(probe, case, time_limit=time_limit)
+        except GradingError as e:
+            if "endless loop" in str(e):
+                timed_out.append(str(e))
+            raise
 
-    for ex in examples:
+    for ex in reversed(examples):
         prop = example(case=ex)(prop)
-    prop = given(case=strategy)(prop)
-    run_property(prop, max_examples=max_examples, hint=hint)
+    strategy = cases(pressure=True) if pressure_only else st.one_of(cases(), cases(pressure=True))
+    run_property(given(case=strategy)(prop), max_examples=max_examples, hint=hint)
+
+
+def verify_lab04_1(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
+    _verify(1, cls, time_limit)
+
+
+def verify_lab04_2(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
+    _verify(2, cls, time_limit)
+
+
+def verify_lab04_3(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
+    _verify(3, cls, time_limit)
+
+
+def _task(k: int, verify) -> Task:
+    name = METHODS[k - 1]
+    return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,),
+                engine=minillm_objects(f"minillm.engine.scheduler:Scheduler.{name}"), oracles=lambda: [fcfs_step])
+
+
+TASKS = {t.id: t for t in (_task(1, verify_lab04_1), _task(2, verify_lab04_2), _task(3, verify_lab04_3))}
 
 
 def check_lab04_1(scheduler_cls):
-    """_schedule_running(self, out, budget): token budget, chunked prefill, preempt the newest when short."""
+    """schedule_running(self, out, budget): token budget, chunked prefill, preempt the newest when short."""
     __tracebackhide__ = True
-    _check(1, scheduler_cls, st.one_of(cases(), cases(pressure=True)),
-           [CHUNKING, DECODE_PLUS_CHUNK, TINY_BUDGET, PRESSURE, PRESSURE_CHUNKED],
-           "for seq in self.running (oldest first) while budget > 0: n = min(seq.num_uncomputed, budget); while "
-           "bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks: preempt "
-           "self.running[-1] (add it to out.preempted; return if it was seq); then out.block_copies += "
-           "bm.append_slots(...), out.scheduled.append((seq, n)), budget -= n.", max_examples=25)
+    TASKS["lab04_1"].check(scheduler_cls)
 
 
 def check_lab04_2(scheduler_cls):
-    """_admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks."""
+    """admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks."""
     __tracebackhide__ = True
-    _check(2, scheduler_cls, st.one_of(cases(), cases(pressure=True)),
-           [CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, DECODE_PLUS_CHUNK],
-           "while waiting and budget > 0 and len(running) < max_num_seqs: seq = waiting[0]; cached = "
-           "bm.peek_prefix(seq.token_ids); n = min(seq.num_tokens - cached, budget); stop if bm.blocks_to_admit("
-           "seq.token_ids, cached + n) > bm.num_free_blocks; else popleft, seq.num_computed_tokens = "
-           "bm.allocate_prompt(...), append_slots(seq.seq_id, seq.num_computed_tokens + n), status RUNNING, "
-           "running.append, schedule (seq, n), budget -= n.", max_examples=25)
+    TASKS["lab04_2"].check(scheduler_cls)
 
 
 def check_lab04_3(scheduler_cls):
     """preempt(self, seq): recompute-style preemption."""
     __tracebackhide__ = True
-    _check(3, scheduler_cls, cases(pressure=True), [PRESSURE, PRESSURE_CHUNKED],
-           "remove seq from self.running, self.block_manager.free(seq.seq_id), status = SequenceStatus.WAITING, "
-           "num_computed_tokens = 0, metrics.num_preemptions += 1, self.waiting.appendleft(seq).", max_examples=15)
+    TASKS["lab04_3"].check(scheduler_cls)
+
+
+seal(globals())

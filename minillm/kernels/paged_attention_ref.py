@@ -27,7 +27,7 @@ def paged_attention_decode_ref(
     scale: float,
 ) -> torch.Tensor:
     S, H, D = q.shape
-    block_size, KVH = k_cache.shape[1], k_cache.shape[2]
+    KVH = k_cache.shape[2]
     group = H // KVH
     out = torch.zeros_like(q)
     for s in range(S):

@@ -373,12 +373,19 @@ def aot_compile(
         except Exception as e:  # noqa: BLE001 - triton's compile errors come in many types
             raise KernelCompileError(_summarize(str(e)), str(e)) from None
     source = None if fn is _KERNEL_PY_FN else kernel_source(fn)
-    return dict(zip(keys, _aot_compile_subprocess(jobs, source, fn.__name__)))
+    key = (source, fn.__name__, repr(jobs))
+    if key not in _AOT_CACHE:          # the same kernel compiled twice (a checker, then a notebook cell): once
+        _AOT_CACHE[key] = _aot_compile_subprocess(jobs, source, fn.__name__)
+    return dict(zip(keys, _AOT_CACHE[key]))
+
+
+_AOT_CACHE: dict = {}
 
 
 def kernel_source(fn) -> str:
     """A module's worth of source for a kernel defined anywhere (a notebook cell): triton imports, the module
     constants and @jit helpers the kernel uses (recursively), then the kernel itself, decorators dropped."""
+    import dis
     import inspect
     import textwrap
     import types
@@ -394,9 +401,10 @@ def kernel_source(fn) -> str:
         if f.__name__ in done:
             return
         done.add(f.__name__)
-        for name in f.__code__.co_names:
+        names = dict.fromkeys(i.argval for i in dis.get_instructions(f) if i.opname == "LOAD_GLOBAL")
+        for name in names:
             if name in done or name not in f.__globals__:
-                continue
+                continue                            # a builtin, or already written
             obj = f.__globals__[name]
             if isinstance(obj, types.ModuleType):
                 parts.append(f"import {obj.__name__} as {name}\n")
@@ -411,7 +419,9 @@ def kernel_source(fn) -> str:
             elif isinstance(obj, bool | int | float):
                 parts.append(f"{name} = {obj!r}\n")        # as on a GPU: Triton rejects non-constexpr globals
             else:
-                continue
+                raise ValueError(f"the kernel {fn.__name__} uses the global {name!r} (a {type(obj).__name__}): a "
+                                 "kernel can use only triton modules, numbers, tl.constexpr constants and other "
+                                 "@triton.jit functions")
             done.add(name)
         lines = textwrap.dedent(inspect.getsource(f)).splitlines()
         while lines and not lines[0].lstrip().startswith("def "):

@@ -51,6 +51,7 @@ import triton.language as tl
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
+from minillm.kernels.triton_paged_attention import aot_compile
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend, TritonAttentionBackend, causal_attend
 from minillm.loading.loader import load_model
@@ -125,9 +126,11 @@ print("ref counts of the shared blocks:", {b: engine.block_manager.ref_count(b) 
 # * `block_table`: a 1-D int tensor **or** a Python list of physical block ids; it may be longer than the
 #   sequence needs (padding entries at the end point at blocks that are not this sequence's);
 # * `seq_len`: the number of cached tokens;
-# * returns `[seq_len, KVH, D]`: row `p` is position `p` of the sequence, i.e. `cache[table[p // bs], p % bs]`.
+# * returns `[seq_len, KVH, D]` in the cache's dtype (the checker uses float32, float16 and bfloat16 caches):
+#   row `p` is position `p` of the sequence, i.e. `cache[table[p // bs], p % bs]`.
 #
-# Don't modify the cache. The checker fills every slot your sequence doesn't own with NaN.
+# Don't modify the cache. The checker fills every slot your sequence doesn't own with NaN, and some of its pools
+# hold more than 256 blocks.
 
 # %% nbgrader="answer"
 def gather_kv(cache, block_table, seq_len):
@@ -183,7 +186,8 @@ print(f"request {rid0}: {lens[rid0]} tokens in blocks {tables[rid0]}; gathered K
 #   block has at least one finite score); `values`: `[T, D]`;
 # * returns the new state; it must satisfy the three definitions above **after every block** (the checker
 #   folds random splits of random score rows — including huge scores that overflow `exp` — and compares the
-#   state after each block with those definitions). Keep the inputs' dtype.
+#   state after each block with those definitions; some rows have scores that are all about `-1e4`, so the
+#   running max is very negative too). Keep the inputs' dtype (float32 or float64).
 
 # %% nbgrader="answer"
 def online_softmax_update(m, l, acc, scores, values):
@@ -300,10 +304,13 @@ plt.show()
 # that compiled Triton rejects — the checker compiles your kernel for a GPU to catch those. (To debug,
 # `print()` inside the kernel works in the interpreter.)
 #
-# **The check** launches your kernel in the interpreter on ~14 tiny paged caches (1–3 sequences of up to 4
+# **The check** launches your kernel in the interpreter on ~17 tiny paged caches (1–3 sequences of up to 4
 # blocks of 4 or 8 tokens, GQA groups 1–3, head dims 4–16 and 12, the engine's strided cache layout and a
-# contiguous one, shuffled and shared blocks, every unused slot NaN) and compares it with float64 dense
-# attention; then it compiles it ahead of time for an NVIDIA A100 (sm80, fp16, SmolLM2's shapes). About ten
+# contiguous one, shuffled and shared blocks, float32, float16 and bfloat16, rows whose scores are all about
+# `-1e4`, every unused slot NaN, guard zones around `out` that show a store outside it) and compares it with
+# float64 dense attention. It runs your kernel in a separate Python process, from its source: an unmasked load
+# or store far out of bounds can crash the interpreter, and then only that process dies and you get a verdict.
+# Meanwhile it compiles the kernel ahead of time for an NVIDIA A100 (sm80, fp16, SmolLM2's shapes). About ten
 # seconds.
 
 # %% nbgrader="readonly"
@@ -390,15 +397,16 @@ from minillm.grading.lab03 import check_lab03_3; check_lab03_3(paged_attention_k
 # %% [markdown]
 # **Not just an interpreter trick.** The checker compiled your kernel with Triton's ahead-of-time compiler for
 # an NVIDIA A100 (`sm_80`), the way it would be JIT-compiled on a GPU: Triton IR → GPU IR → LLVM → PTX → a
-# cubin from the `ptxas` bundled with Triton. No GPU is needed to compile, only to run. A few lines of the PTX
-# it produced (cached from the check):
+# cubin from the `ptxas` bundled with Triton. No GPU is needed to compile, only to run. The engine's
+# `aot_compile` (behind the `compile_for_gpu_target` the checker called) compiles it again here; a few lines of
+# the PTX:
 
 # %%
-asm = compile_kernel_for_gpu(paged_attention_kernel, arch=80)
+asm = aot_compile(80, dtypes="fp16", head_dim=64, block_size=16, group=3, kernel=paged_attention_kernel)[(80, "fp16")]
 ptx = asm["ptx"].splitlines()
 print("\n".join(line for line in ptx if line.startswith((".version", ".target", ".visible .entry"))))
 ops = {op: sum(op in line for line in ptx) for op in ("ld.global", "st.global", "ex2.approx", "shfl.sync")}
-print(f"{len(ptx)} lines of PTX, cubin {asm['cubin_bytes']:,} bytes; instruction counts: {ops}")
+print(f"{len(ptx)} lines of PTX, cubin {len(asm['cubin']):,} bytes; instruction counts: {ops}")
 
 # %% [markdown]
 # ## Plug in: your kernel decodes SmolLM2

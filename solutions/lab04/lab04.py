@@ -54,23 +54,27 @@ model, tok = loaded.model, loaded.tokenizer
 
 def run_recorded(engine, requests, arrival_gap=0):
     """Run [(prompt ids, SamplingParams)] through `engine`; request i arrives at engine step i * arrival_gap.
-    Records every step the scheduler's decision. Returns (final RequestOutput by request id, list of steps)."""
-    sched = engine.scheduler
-    inner, steps = sched.schedule, []
+    A step observer records every step: who ran and how, who was preempted, who waited.
+    Returns (final RequestOutput by request id, list of steps)."""
+    steps = []
 
-    def recording():
-        out = inner()
+    def record(info):                           # engine.add_step_observer calls it at the end of every step
+        out = info.scheduler_output
+        before = {id(snap.seq): snap for snap in info.running_before}
         run = []
         for s, n in out.scheduled:
-            decode = n == 1 and s.num_computed_tokens == s.num_tokens - 1 and s.num_tokens > s.num_prompt_tokens
-            kind = "decode" if decode else ("recompute" if s.metrics.num_preemptions else "prefill")
-            run.append((s.request_id, n, kind))
+            snap = before.get(id(s))            # None: admitted in this step
+            decode = snap is not None and snap.num_tokens - snap.num_computed_tokens == 1 \
+                and snap.num_tokens > s.num_prompt_tokens
+            run.append((s.request_id, n, "decode" if decode else
+                        "recompute" if s.metrics.num_preemptions else "prefill"))
+        busy = {id(s) for s, _ in out.scheduled} | {id(s) for s in out.preempted}
         steps.append({"run": run, "preempted": [s.request_id for s in out.preempted],
-                      "waiting": [s.request_id for s in sched.waiting],
-                      "idle": [s.request_id for s in sched.running if s not in dict(out.scheduled)]})
-        return out
+                      "waiting": [s.request_id for s in engine.scheduler.waiting],
+                      "idle": [snap.request_id for snap in info.running_before if id(snap.seq) not in busy],
+                      "seconds": info.seconds, "kv_blocks": engine.block_manager.num_used_blocks})
 
-    sched.schedule = recording
+    engine.add_step_observer(record)
     outs, pending, k = {}, list(range(len(requests))), 0
     try:
         while pending or engine.has_unfinished_requests():
@@ -78,15 +82,12 @@ def run_recorded(engine, requests, arrival_gap=0):
                 i = pending.pop(0)
                 engine.add_request(requests[i][0], requests[i][1], request_id=str(i))
             if engine.has_unfinished_requests():
-                t0 = time.perf_counter()
                 for o in engine.step():
                     if o.finished:
                         outs[o.request_id] = o
-                steps[-1]["seconds"] = time.perf_counter() - t0
-                steps[-1]["kv_blocks"] = engine.block_manager.num_used_blocks
             k += 1
     finally:
-        del sched.schedule                      # back to the class's own method
+        engine.remove_step_observer(record)
     return outs, steps
 
 
@@ -118,7 +119,8 @@ def run_recorded(engine, requests, arrival_gap=0):
 #
 # Below, six chat requests go through minillm's scheduler with a budget of 64 tokens per step, at most 4
 # sequences, and a KV pool of only 12 blocks × 16 tokens — small on purpose, to force chunking and preemption.
-# Every step is recorded (`run_recorded` above wraps `engine.scheduler.schedule`).
+# Every step is recorded by a step observer (`engine.add_step_observer` in `run_recorded` above: the engine calls it
+# after each step with the scheduler's decision and the queues as they were when the step began).
 
 # %%
 questions = ["What is the capital of France?",
@@ -208,15 +210,20 @@ plot_timeline(ref_steps, len(questions), "minillm's scheduler on SmolLM2: budget
 #
 # ## The scheduler's interface (what your code uses)
 #
-# You will fill in a subclass of minillm's `Scheduler`, one method per task. Its `schedule()` (given) is:
+# You will fill in a subclass of minillm's `Scheduler`, overriding one of its public policy steps per task. Its
+# `schedule()` (given) is:
 #
 # ```python
 # def schedule(self):
 #     out = SchedulerOutput()                       # out.scheduled: [(seq, n)], out.block_copies, out.preempted
 #     budget = self.config.max_num_batched_tokens
-#     self._schedule_running(out, budget)           # task 1
+#     self.schedule_running(out, budget)            # task 1
 #     if not out.preempted:
-#         self._admit_waiting(out, budget - out.num_batched_tokens)   # task 2
+#         self.admit_waiting(out, budget - out.num_batched_tokens)    # task 2
+#     bm = self.block_manager                       # then what the model runner needs, per scheduled sequence
+#     for seq, n in out.scheduled:
+#         out.block_tables.append(bm.block_table(seq.seq_id))
+#         out.slot_mapping += bm.slot_mapping(seq.seq_id, seq.num_computed_tokens, seq.num_computed_tokens + n)
 #     return out
 # ```
 #
@@ -233,15 +240,21 @@ plot_timeline(ref_steps, len(questions), "minillm's scheduler on SmolLM2: budget
 #   positions would use up; `bm.allocate_prompt(seq.seq_id, token_ids)` — create its block table from the
 #   cached prefix, returns the number of cached tokens; `bm.free(seq.seq_id)`.
 #
+# A request with `n > 1` (parallel samples) is several sequences: after its prompt is computed the engine forks
+# the first one, and the samples share the prompt's blocks (a shared block is copied before it is written:
+# copy-on-write, the pairs `append_slots` returns). Every sample takes a seat (`max_num_seqs` counts sequences)
+# and may be preempted on its own; compare sequences by identity (`victim is seq`), never by `request_id`.
+#
 # Chunked prefill is always on in this lab (you may ignore `config.enable_chunked_prefill`). A checker plugs
-# your method — with the reference versions of the other two — into a real `LLMEngine` running a tiny random
-# model on random request sets (small pools, small budgets, staggered arrivals), validates every step, and
-# compares the outputs with generating each request alone and the decisions with the policy above.
+# your method — with minillm's versions of the other two — into a real `LLMEngine` running a tiny random model
+# on random request sets (small pools, small budgets, staggered arrivals, n > 1 samples), checks every step
+# against the policy above (simulated on a copy of the engine's state before the step) and its rules, and
+# compares every sample with generating its request alone.
 
 # %% [markdown]
 # ## Task 1 — schedule the running sequences (3 points)
 #
-# Write `_schedule_running(self, out, budget)`: walk `self.running` **oldest first** while `budget > 0`.
+# Write `schedule_running(self, out, budget)`: walk `self.running` **oldest first** while `budget > 0`.
 # Each sequence gets `n = min(seq.num_uncomputed, budget)` tokens — 1 for a decode, the next chunk for a
 # prompt. Before scheduling it, make sure the pool can hold those tokens: while
 # `bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks`, preempt the **newest**
@@ -251,7 +264,7 @@ plot_timeline(ref_steps, len(questions), "minillm's scheduler on SmolLM2: budget
 
 # %% nbgrader="answer"
 class RunningFirst(Scheduler):
-    def _schedule_running(self, out, budget):
+    def schedule_running(self, out, budget):
         """Running sequences, oldest first, within `budget` tokens; preempt the newest when the pool is short."""
         ### BEGIN SOLUTION
         bm = self.block_manager
@@ -278,7 +291,7 @@ from minillm.grading.lab04 import check_lab04_1; check_lab04_1(RunningFirst)
 # %% [markdown]
 # ## Task 2 — admit waiting sequences (3 points)
 #
-# Write `_admit_waiting(self, out, budget)`: while the queue is not empty, `budget > 0` and fewer than
+# Write `admit_waiting(self, out, budget)`: while the queue is not empty, `budget > 0` and fewer than
 # `max_num_seqs` sequences run, look at the **head** `seq = self.waiting[0]`:
 #
 # * `cached = bm.peek_prefix(seq.token_ids)` tokens are already in the prefix cache; it needs
@@ -297,7 +310,7 @@ from minillm.grading.lab04 import check_lab04_1; check_lab04_1(RunningFirst)
 
 # %% nbgrader="answer"
 class Admitting(RunningFirst):
-    def _admit_waiting(self, out, budget):
+    def admit_waiting(self, out, budget):
         """Admit waiting sequences in arrival order while budget, max_num_seqs and free blocks allow."""
         ### BEGIN SOLUTION
         bm = self.block_manager
@@ -401,10 +414,10 @@ for r in sorted(my_outs, key=int):
 class StaticBatchScheduler(Scheduler):
     """Static batching: take up to max_num_seqs requests only when the previous batch has fully finished."""
 
-    def _admit_waiting(self, out, budget):
+    def admit_waiting(self, out, budget):
         if self.running:          # a batch is in flight: newcomers wait until ALL of it is done
             return
-        super()._admit_waiting(out, budget)
+        super().admit_waiting(out, budget)
 
 
 # %%

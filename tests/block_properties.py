@@ -1,7 +1,9 @@
-"""Property checks for a paged-KV block manager, shared by the lab graders and the tests.
+"""Property checks for a paged-KV block manager (anything with BlockManager's constructor and API).
 
-One suite, graded both ways (DESIGN rule 2): tests/test_block_manager.py runs these checks against minillm's
-own ``BlockManager``; ``minillm.grading.lab02`` (and lab05) run them against the learner's class.
+tests/test_block_manager.py runs them against minillm's own ``BlockManager`` and against plausible wrong
+implementations; the lab tests run them against learner-style block managers (lab02's paging core, lab05's pieces in
+the BlockManager's seams). The lab02 grader drives learners' classes with the same driver
+(``minillm.testing.run_operations``): the simulated KV pool is shared, the directed scenarios below are tests.
 
 Every ``check_*`` function takes the *class* under test -- anything with the constructor and API of
 ``minillm.kv.block_manager.BlockManager`` -- builds its own instances, and raises AssertionError
@@ -31,7 +33,7 @@ from typing import Callable, Optional, Sequence
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from minillm.grading.core import fail as _fail, seal
+from minillm.grading.core import fail as _fail
 from minillm.testing import Driver, snapshot
 
 
@@ -419,5 +421,3 @@ def check_block_manager_properties(cls, *, random_examples: int = 150) -> None:
     check_random_ops(cls, max_examples=random_examples)
     check_random_ops(cls, max_examples=max(5, random_examples // 3), hash_fn=lambda p, t: sum(t) % 3)
 
-
-seal(globals())
