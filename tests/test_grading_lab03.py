@@ -301,6 +301,7 @@ KERNEL_WRONG = {
 }
 
 
+@pytest.mark.slow          # each runs the interpreter in a child process (~5 s)
 @pytest.mark.parametrize("name", KERNEL_WRONG)
 def test_lab03_3_wrong_kernels_fail(name, tmp_path):
     edits, diagnosis = KERNEL_WRONG[name]
