@@ -188,7 +188,8 @@ def test_patching_the_private_copy_is_detected(what):
     undo = None
     if what == "function":
         old = check.__code__
-        check.__code__ = (lambda answer: None).__code__
+        self = check.__closure__[0].cell_contents               # the checker closes over its Task
+        check.__code__ = (lambda answer: self and None).__code__
         undo = lambda: setattr(check, "__code__", old)  # noqa: E731
     elif what == "helper":
         old = private["run_property"]

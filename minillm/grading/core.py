@@ -443,6 +443,15 @@ class Task:
         __tracebackhide__ = True
         self._verify(obj)
 
+    def checker(self, contract: str) -> Callable[[Any], None]:
+        """The graded cells' entry point, `check_<task id>(answer)`; `contract` documents what it grades."""
+        def check_answer(answer: Any) -> None:
+            __tracebackhide__ = True
+            self.check(answer)
+        check_answer.__name__ = check_answer.__qualname__ = f"check_{self.id}"
+        check_answer.__doc__ = contract
+        return check_answer
+
     def check(self, answer: Any) -> None:
         __tracebackhide__ = True
         verify_untampered()
@@ -534,7 +543,7 @@ class _Record:
         self.functions = {}
         self.classes = {}
         for name, v in private.items():
-            if inspect.isfunction(v) and v.__globals__ is private:
+            if inspect.isfunction(v) and (v.__globals__ is private or _is_minillm(v.__module__)):
                 self.functions[name] = (v, v.__code__, v.__defaults__, v.__kwdefaults__)
             elif isinstance(v, type) and v.__module__ == private["__name__"]:
                 self.classes[name] = (v, dict(vars(v)))

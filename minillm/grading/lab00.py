@@ -256,22 +256,12 @@ TASKS = {t.id: t for t in (_task(1, "linear_flops_bytes", verify_lab00_1, linear
                            _task(3, "roofline_time", verify_lab00_3, roofline_time_ref))}
 
 
-def check_lab00_1(linear_flops_bytes):
-    """linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T."""
-    __tracebackhide__ = True
-    TASKS["lab00_1"].check(linear_flops_bytes)
-
-
-def check_lab00_2(model_flops_bytes):
-    """model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass."""
-    __tracebackhide__ = True
-    TASKS["lab00_2"].check(model_flops_bytes)
-
-
-def check_lab00_3(roofline_time):
-    """roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take."""
-    __tracebackhide__ = True
-    TASKS["lab00_3"].check(roofline_time)
+check_lab00_1 = TASKS["lab00_1"].checker(
+    'linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T.')
+check_lab00_2 = TASKS["lab00_2"].checker(
+    'model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass.')
+check_lab00_3 = TASKS["lab00_3"].checker(
+    'roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take.')
 
 
 seal(globals())

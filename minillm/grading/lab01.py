@@ -310,22 +310,12 @@ TASKS = {t.id: t for t in (
 )}
 
 
-def check_lab01_1(attend):
-    """attend(q [n,H,D], k [L,KVH,D], v [L,KVH,D], scale) -> [n,H,D], causal over the last n positions, GQA."""
-    __tracebackhide__ = True
-    TASKS["lab01_1"].check(attend)
-
-
-def check_lab01_2(kv_cache_bytes):
-    """kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache."""
-    __tracebackhide__ = True
-    TASKS["lab01_2"].check(kv_cache_bytes)
-
-
-def check_lab01_3(max_num_seqs):
-    """max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit."""
-    __tracebackhide__ = True
-    TASKS["lab01_3"].check(max_num_seqs)
+check_lab01_1 = TASKS["lab01_1"].checker(
+    'attend(q [n,H,D], k [L,KVH,D], v [L,KVH,D], scale) -> [n,H,D], causal over the last n positions, GQA.')
+check_lab01_2 = TASKS["lab01_2"].checker(
+    'kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache.')
+check_lab01_3 = TASKS["lab01_3"].checker(
+    'max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit.')
 
 
 seal(globals())

@@ -416,22 +416,12 @@ TASKS = {t.id: t for t in (
 )}
 
 
-def check_lab02_1(slot_mapping):
-    """slot_mapping(block_table, start, end, block_size) -> [slot of position p for p in range(start, end)]."""
-    __tracebackhide__ = True
-    TASKS["lab02_1"].check(slot_mapping)
-
-
-def check_lab02_2(allocator_cls):
-    """BlockAllocator(num_blocks) with allocate / share / free / ref_count / num_free_blocks and ref counts."""
-    __tracebackhide__ = True
-    TASKS["lab02_2"].check(allocator_cls)
-
-
-def check_lab02_3(block_manager_cls):
-    """A BlockManager subclass with its own num_blocks_needed / append_slots (copy-on-write) / fork / free."""
-    __tracebackhide__ = True
-    TASKS["lab02_3"].check(block_manager_cls)
+check_lab02_1 = TASKS["lab02_1"].checker(
+    'slot_mapping(block_table, start, end, block_size) -> [slot of position p for p in range(start, end)].')
+check_lab02_2 = TASKS["lab02_2"].checker(
+    'BlockAllocator(num_blocks) with allocate / share / free / ref_count / num_free_blocks and ref counts.')
+check_lab02_3 = TASKS["lab02_3"].checker(
+    'A BlockManager subclass with its own num_blocks_needed / append_slots (copy-on-write) / fork / free.')
 
 
 seal(globals())

@@ -651,22 +651,12 @@ TASKS = {t.id: t for t in (
 )}
 
 
-def check_lab03_1(gather_kv):
-    """gather_kv(cache [num_blocks, block_size, KVH, D], block_table, seq_len) -> [seq_len, KVH, D]."""
-    __tracebackhide__ = True
-    TASKS["lab03_1"].check(gather_kv)
-
-
-def check_lab03_2(online_softmax_update):
-    """online_softmax_update(m [G], l [G], acc [G, D], scores [G, T], values [T, D]) -> (m, l, acc)."""
-    __tracebackhide__ = True
-    TASKS["lab03_2"].check(online_softmax_update)
-
-
-def check_lab03_3(kernel):
-    """A @triton.jit PagedAttention decode kernel with the statement's signature (grid (S, KVH))."""
-    __tracebackhide__ = True
-    TASKS["lab03_3"].check(kernel)
+check_lab03_1 = TASKS["lab03_1"].checker(
+    'gather_kv(cache [num_blocks, block_size, KVH, D], block_table, seq_len) -> [seq_len, KVH, D].')
+check_lab03_2 = TASKS["lab03_2"].checker(
+    'online_softmax_update(m [G], l [G], acc [G, D], scores [G, T], values [T, D]) -> (m, l, acc).')
+check_lab03_3 = TASKS["lab03_3"].checker(
+    "A @triton.jit PagedAttention decode kernel with the statement's signature (grid (S, KVH)).")
 
 
 seal(globals())

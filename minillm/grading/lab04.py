@@ -595,22 +595,12 @@ def _task(k: int, verify) -> Task:
 TASKS = {t.id: t for t in (_task(1, verify_lab04_1), _task(2, verify_lab04_2), _task(3, verify_lab04_3))}
 
 
-def check_lab04_1(scheduler_cls):
-    """schedule_running(self, out, budget): token budget, chunked prefill, preempt the newest when short."""
-    __tracebackhide__ = True
-    TASKS["lab04_1"].check(scheduler_cls)
-
-
-def check_lab04_2(scheduler_cls):
-    """admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks."""
-    __tracebackhide__ = True
-    TASKS["lab04_2"].check(scheduler_cls)
-
-
-def check_lab04_3(scheduler_cls):
-    """preempt(self, seq): recompute-style preemption."""
-    __tracebackhide__ = True
-    TASKS["lab04_3"].check(scheduler_cls)
+check_lab04_1 = TASKS["lab04_1"].checker(
+    'schedule_running(self, out, budget): token budget, chunked prefill, preempt the newest when short.')
+check_lab04_2 = TASKS["lab04_2"].checker(
+    'admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks.')
+check_lab04_3 = TASKS["lab04_3"].checker(
+    'preempt(self, seq): recompute-style preemption.')
 
 
 seal(globals())

@@ -587,22 +587,12 @@ TASKS = {t.id: t for t in (
 )}
 
 
-def check_lab05_1(hash_block):
-    """hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int, chained and process-independent."""
-    __tracebackhide__ = True
-    TASKS["lab05_1"].check(hash_block)
-
-
-def check_lab05_2(find_cached_prefix):
-    """find_cached_prefix(token_ids, block_size, cache, hash_fn) -> block ids of the longest verified cached prefix."""
-    __tracebackhide__ = True
-    TASKS["lab05_2"].check(find_cached_prefix)
-
-
-def check_lab05_3(evictor_cls):
-    """An LRU evictor class: add, remove, pop_lru, clear, len, iter (eviction order)."""
-    __tracebackhide__ = True
-    TASKS["lab05_3"].check(evictor_cls)
+check_lab05_1 = TASKS["lab05_1"].checker(
+    'hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int, chained and process-independent.')
+check_lab05_2 = TASKS["lab05_2"].checker(
+    'find_cached_prefix(token_ids, block_size, cache, hash_fn) -> block ids of the longest verified cached prefix.')
+check_lab05_3 = TASKS["lab05_3"].checker(
+    'An LRU evictor class: add, remove, pop_lru, clear, len, iter (eviction order).')
 
 
 seal(globals())
