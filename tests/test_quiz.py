@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from minillm.quiz.bank import BankError, Question, SelectionError, load_bank
 from minillm.quiz.export import to_anki_csv, to_markdown
 from minillm.quiz.match import match_key_points, tokens
-from minillm.quiz.schedule import MIN_EASE, RATINGS, Card, Schedule, sm2
+from minillm.quiz.schedule import MAX_INTERVAL_DAYS, MIN_EASE, RATINGS, Card, Schedule, sm2
 from minillm.quiz.session import QuizSession
 from minillm.quiz.store import ScheduleStore, data_path, fallback_path, reset
 from minillm.quiz.style import Style, wants_color
@@ -184,6 +184,13 @@ def test_sm2_invariants(ratings):
         if r != "again" and before.repetitions >= 2:
             assert card.interval >= before.interval      # a pass never shortens the interval past SM-2's start
         now = datetime.fromisoformat(card.due)
+
+
+def test_sm2_intervals_stop_at_a_century():
+    card = Card()
+    for _ in range(40):                                   # 2.5^40 days would overflow any date
+        card = sm2(card, "easy", T0)
+    assert card.interval == MAX_INTERVAL_DAYS and datetime.fromisoformat(card.due) > T0
 
 
 def test_sm2_first_intervals_are_1_then_6_then_grow_by_ease():

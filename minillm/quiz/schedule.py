@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 RATINGS: dict[str, int] = {"again": 1, "hard": 3, "good": 4, "easy": 5}   # SM-2 grade q in 0..5; < 3 fails
 MIN_EASE = 1.3
+MAX_INTERVAL_DAYS = 36500   # a century, Anki's ceiling too: SM-2's growth is unbounded, dates are not
 START_EASE = 2.5
 
 Clock = Callable[[], datetime]
@@ -53,6 +54,7 @@ def sm2(card: Card, rating: str, now: datetime) -> Card:
     else:
         repetitions = card.repetitions + 1
         interval = 1 if repetitions == 1 else 6 if repetitions == 2 else max(1, round(card.interval * ease))
+        interval = min(interval, MAX_INTERVAL_DAYS)
     return Card(ease=round(ease, 4), repetitions=repetitions, interval=interval,
                 due=(now + timedelta(days=interval)).isoformat(), reviews=card.reviews + 1,
                 lapses=card.lapses + (q < 3), last_rating=rating)
