@@ -22,6 +22,14 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy; higher = more random (default 0.7)")
     p.add_argument("--top-k", type=int, default=0, help="sample only among the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set reaching this probability (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens less likely than this fraction of the most likely one (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages every token already in the prompt or output (1 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted from the logit of every token the output already holds, in [-2, 2] (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted per earlier occurrence in the output, in [-2, 2] (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="seed for this request's sampler: same seed, same output")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable); not included in the output")
     p.add_argument("--system", default=None, help="system prompt for chat mode (default: the template's own)")
@@ -32,8 +40,10 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
 
 def _params(args):
     from minillm.sampling.params import SamplingParams
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                          max_tokens=args.max_tokens, stop=list(args.stop))
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
+                          stop=list(args.stop))
 
 
 def _load(args, config=None):
@@ -59,7 +69,20 @@ def _stream(engine, ids, params) -> str:
         for out in engine.step():
             print(out.delta_text, end="", flush=True)
             parts.append(out.delta_text)
+            if out.finished and engine.spec is not None:
+                _print_spec(out.metrics.spec, len(out.token_ids))
     return "".join(parts)
+
+
+def _print_spec(stats, num_tokens: int) -> None:
+    """Speculation's summary for one request, on stderr (so stdout stays the generated text)."""
+    if not stats.num_steps:
+        print("\n[speculative decoding: nothing was drafted for this request]", file=sys.stderr)
+        return
+    per_pos = " ".join(f"{r:.2f}" for r in stats.acceptance_rate_per_position)
+    print(f"\n[speculative decoding: {stats.num_accepted_tokens}/{stats.num_draft_tokens} drafted tokens accepted "
+          f"({stats.acceptance_rate:.0%}; by position {per_pos}), {stats.mean_accepted_length:.2f} tokens per "
+          f"verification step, {num_tokens} tokens in all]", file=sys.stderr)
 
 
 def cmd_generate(args) -> int:

@@ -6,8 +6,9 @@ default (shown in --help)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from minillm.config import EngineConfig
+from minillm.config import METHODS, EngineConfig, SpeculativeConfig
 
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
@@ -22,11 +23,21 @@ _HELP = {
     "enable_chunked_prefill": "split prompts longer than the step's token budget across steps",
 }
 
+# speculative_config's fields as flags (vLLM's names where it has them); method and model get clearer ones.
+_SPEC_FLAGS = {
+    "method": ("--speculative", f"turn speculative decoding on with this proposer: {' | '.join(METHODS)}"),
+    "num_speculative_tokens": ("--num-speculative-tokens", "tokens drafted per step (k)"),
+    "model": ("--draft-model", "draft_model: 'default', a .gguf file or a Hugging Face directory (same vocabulary)"),
+    "draft_layers": ("--draft-layers", "layer_skip: the target's first N layers draft"),
+    "prompt_lookup_min": ("--prompt-lookup-min", "ngram: shortest suffix looked up"),
+    "prompt_lookup_max": ("--prompt-lookup-max", "ngram: longest suffix looked up"),
+}
+
 
 def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     g = p.add_argument_group("engine settings (minillm.config.EngineConfig)")
     for name, default in EngineConfig().as_kwargs().items():
-        if name in skip:
+        if name in skip or name == "speculative_config":
             continue
         flag = "--" + name.replace("_", "-")
         help_ = f"{_HELP.get(name, name)} (default: {default})"
@@ -35,9 +46,25 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> N
         else:
             kind = str if isinstance(default, str) or name == "kv_cache_memory" else int
             g.add_argument(flag, dest=name, type=kind, default=None, help=help_)
+    if "speculative_config" in skip:
+        return
+    g = p.add_argument_group("speculative decoding (minillm.config.SpeculativeConfig)")
+    for f in dataclasses.fields(SpeculativeConfig):
+        flag, text = _SPEC_FLAGS[f.name]
+        default = "" if f.default is dataclasses.MISSING or f.default is None else f" (default: {f.default})"
+        g.add_argument(flag, dest="spec_" + f.name, type=str if f.type in ("str", "Optional[str]") else int,
+                       choices=METHODS if f.name == "method" else None, default=None, help=text + default)
 
 
 def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
     """The EngineConfig the user asked for: the flags they gave, then `overrides` (a command's own choices)."""
     given = {name: getattr(args, name) for name in EngineConfig().as_kwargs() if getattr(args, name, None) is not None}
+    spec = {f.name: getattr(args, "spec_" + f.name) for f in dataclasses.fields(SpeculativeConfig)
+            if getattr(args, "spec_" + f.name, None) is not None}
+    if spec:
+        if "method" not in spec:
+            flags = ", ".join(_SPEC_FLAGS[name][0] for name in spec)
+            raise ValueError(f"{flags} only matter with speculative decoding on: add --speculative "
+                             f"{{{','.join(METHODS)}}}")
+        given["speculative_config"] = spec
     return EngineConfig.from_kwargs(**{**given, **overrides})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 
 @dataclass
@@ -87,6 +87,56 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
 
 
+METHODS = ("ngram", "draft_model", "layer_skip")
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int = 4
+    model: Optional[str] = None              # draft_model: "default", a .gguf file or a Hugging Face directory
+    draft_layers: Optional[int] = None       # layer_skip: how many of the target's first layers draft
+    prompt_lookup_min: int = 1               # ngram: the shortest and longest suffix to look up
+    prompt_lookup_max: int = 3
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}: use one of {', '.join(METHODS)}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"speculative {name} must be a positive integer, got {v!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("the draft_model method needs `model`: 'default', a .gguf file or a Hugging Face "
+                             "directory with the target's vocabulary")
+        if self.method == "layer_skip" and (isinstance(self.draft_layers, bool) or not isinstance(self.draft_layers, int)
+                                            or self.draft_layers < 1):
+            raise ValueError(f"the layer_skip method needs draft_layers, a positive integer (fewer than the target's "
+                             f"layers), got {self.draft_layers!r}")
+
+    @classmethod
+    def parse(cls, value: Any) -> Optional["SpeculativeConfig"]:
+        """None, a SpeculativeConfig, or a dict like {"method": "ngram", "num_speculative_tokens": 4}."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise TypeError(f"speculative_config must be a dict such as {{'method': 'ngram', "
+                            f"'num_speculative_tokens': 4}}, got {type(value).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = set(value) - known
+        if unknown:
+            raise TypeError(f"unknown speculative_config key(s) {sorted(unknown)}; valid: {sorted(known)}")
+        if "method" not in value:
+            raise ValueError(f"speculative_config needs a method: one of {', '.join(METHODS)}")
+        return cls(**value)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class EngineConfig:
     dtype: str = "float32"              # what LLM and the CLI load the weights in
@@ -94,8 +144,10 @@ class EngineConfig:
     attention_backend: str = "auto"     # "torch" | "cpu" | "triton" | "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: Optional[SpeculativeConfig] = None   # given as speculative_config={...} (vLLM's name)
 
     def __post_init__(self) -> None:
+        self.speculative = SpeculativeConfig.parse(self.speculative)
         self.validate()
 
     @classmethod
@@ -103,6 +155,8 @@ class EngineConfig:
         """Flat keyword arguments -> an EngineConfig: `block_size=16` goes to .cache, `max_num_seqs=8` to
         .scheduler. Unknown names raise TypeError listing the valid ones. Omitted names keep the defaults."""
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        if "speculative_config" in kwargs:
+            kwargs["speculative"] = kwargs.pop("speculative_config")
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in sections and k not in ("cache", "scheduler")}
         parts: dict[str, Any] = {}
         for name, sub in (("cache", CacheConfig), ("scheduler", SchedulerConfig)):
@@ -139,9 +193,11 @@ class EngineConfig:
 
     def as_kwargs(self) -> dict[str, Any]:
         """The flat view from_kwargs takes (for printing and for copies with a change)."""
-        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("cache", "scheduler")}
+        flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("cache", "scheduler", "speculative")}
         flat.update(dataclasses.asdict(self.cache))
         flat.update(dataclasses.asdict(self.scheduler))
+        flat["speculative_config"] = self.speculative.as_dict() if self.speculative else None
         return flat
 
     def replace(self, **changes: Any) -> "EngineConfig":

@@ -17,10 +17,17 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
                                                                            TritonAttentionBackend(decode_fn=) lab03
     AttentionBackend      layers.attention.{Torch,Cpu,Triton}AttentionBackend  engine.plug(backend=...)
     SchedulerPolicy       engine.scheduler.Scheduler                       engine.plug(scheduler=...)         lab04
+    ProcessFn             sampling.processors.process_logits               Sampler(process_fn=...)            lab06
+    DrawFn                sampling.sampler.draw                            Sampler(draw_fn=...)               lab06
     Sampler               sampling.sampler.Sampler                         engine.plug(sampler=...)
+    RejectionSampler      sampling.rejection_sampler.RejectionSampler      engine.plug(rejection_sampler=...) lab07
+    RejectionRule         (per request; the engine's is vectorized)        RejectionSampler(rule=...)         lab07
+    NgramLookup           sampling.ngram.find_ngram_draft                  NgramProposer(lookup=...)          lab07
+    Proposer              sampling.ngram.NgramProposer, sampling.draft_model.ModelDraftProposer
+                                                                           engine.plug(proposer=...)          lab07
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
 
-Later labs add the rejection sampler, proposer, quantized linear, parallel linear, token index and router here.
+Later labs add the quantized linear, parallel linear, token index and router here.
 
 This module imports nothing from minillm: every other module may import it.
 """
@@ -130,6 +137,9 @@ class BlockManager(Protocol):
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None: ...
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Give back the blocks past the first ceil(num_tokens / block_size) (after rolled-back speculation)."""
+
     def free(self, seq_id: int) -> None: ...
 
     def reset_prefix_cache(self) -> None: ...
@@ -191,10 +201,62 @@ class SchedulerPolicy(Protocol):
     def abort(self, request_id: str) -> list: ...
 
 
+class ProcessFn(Protocol):
+    def __call__(self, logits: "torch.Tensor", temperature: "torch.Tensor", top_k: "torch.Tensor",
+                 top_p: "torch.Tensor", min_p: "torch.Tensor") -> "torch.Tensor":
+        """logits [B, V] and one setting per row ([B] each) -> the logits each row samples from (-inf = dropped)."""
+
+
+class DrawFn(Protocol):
+    def __call__(self, probs: "torch.Tensor", generators: Sequence[Any]) -> "torch.Tensor":
+        """probs [B, V] -> one token id per row [B]; row i draws with generators[i] (None: torch's global one)."""
+
+
 @runtime_checkable
 class Sampler(Protocol):
-    def __call__(self, logits: "torch.Tensor", params: list, generators: list) -> list[int]:
-        """logits [B, V] fp32 -> one token id per row, row i sampled with params[i] and generators[i]."""
+    def __call__(self, logits: "torch.Tensor", batch: Any) -> Any:
+        """logits [B, V] and a SamplingBatch (each row's params, generator, prompt and output ids) -> a
+        SamplerOutput: one token id per row, and logprobs for the rows that ask."""
+
+    def probs(self, logits: "torch.Tensor", batch: Any) -> "torch.Tensor":
+        """Each row's distribution [B, V] after penalties, temperature, min-p, top-k and top-p (one-hot for greedy
+        rows): what the rejection sampler verifies drafts against."""
+
+
+@runtime_checkable
+class RejectionSampler(Protocol):
+    def __call__(self, target_probs: "torch.Tensor", draft_token_ids: Sequence[Sequence[int]],
+                 draft_probs: Sequence[Any], generators: Sequence[Any]) -> list[list[int]]:
+        """target_probs [sum(k_r + 1), V] (request r's k_r + 1 rows in order), k_r drafts and their q ([k_r, V] or
+        None for one-hot) per request -> per request the accepted drafts then one resampled or bonus token."""
+
+
+class RejectionRule(Protocol):
+    def __call__(self, target_probs: "torch.Tensor", draft_token_ids: list[int], draft_probs: "torch.Tensor",
+                 generator: Any) -> list[int]:
+        """One request: target_probs [k+1, V] (p at each drafted position, then the bonus position), its k drafts,
+        draft_probs [k, V] (q; one-hot rows for a deterministic proposer), its generator (None: torch's global
+        one) -> the accepted drafts followed by one more token (1 to k + 1 tokens)."""
+
+
+class NgramLookup(Protocol):
+    def __call__(self, token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the sequence's last n tokens (longest n
+        in max_n..min_n first); [] when no such suffix reappears."""
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Speculative decoding's drafter (minillm.sampling: NgramProposer, ModelDraftProposer)."""
+
+    def propose(self, seqs: list, num_tokens: Sequence[int]) -> list:
+        """Up to num_tokens[i] guessed next tokens for each running sequence: a Draft(token_ids, probs) each."""
+
+    def verified(self, seq: Any, num_accepted: int) -> None:
+        """The target kept the first num_accepted drafts of seq (now in seq.token_ids) and added one token."""
+
+    def free(self, seq: Any) -> None:
+        """seq finished, was preempted or aborted: drop whatever is kept for it."""
 
 
 class StepObserver(Protocol):

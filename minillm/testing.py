@@ -46,6 +46,66 @@ def tiny_model(seed: int = 0):
     return random_model(seed)
 
 
+# --------------------------------------------------------------------------- statistics
+
+@dataclass
+class ChiSquare:
+    statistic: float
+    dof: int
+    p_value: float
+    cells: int            # after merging the cells whose expected count is below min_expected
+
+
+def chi_square(counts: Sequence[int] | torch.Tensor, probs: Sequence[float] | torch.Tensor,
+               min_expected: float = 5.0) -> ChiSquare:
+    """Pearson's goodness-of-fit test of observed counts against probabilities (summing to 1 over the cells).
+
+    Cells whose expected count is below min_expected are merged into one (the chi-square approximation needs
+    about 5 per cell); a count in a cell of probability 0 makes p_value 0. The p-value is the regularized upper
+    incomplete gamma function Q(dof / 2, statistic / 2)."""
+    counts = torch.as_tensor(counts, dtype=torch.float64).flatten()
+    probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+    if counts.shape != probs.shape:
+        raise ValueError(f"{counts.numel()} counts for {probs.numel()} probabilities")
+    n = float(counts.sum())
+    if n == 0:
+        raise ValueError("chi_square needs at least one observation")
+    if bool(((probs == 0) & (counts > 0)).any()):
+        return ChiSquare(float("inf"), 0, 0.0, int((probs > 0).sum()))
+    expected = probs / probs.sum() * n
+    small = expected < min_expected
+    obs = torch.cat([counts[~small], counts[small].sum()[None]]) if bool(small.any()) else counts
+    exp = torch.cat([expected[~small], expected[small].sum()[None]]) if bool(small.any()) else expected
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = max(int(obs.numel()) - 1, 1)
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                      torch.tensor(stat / 2, dtype=torch.float64)))
+    return ChiSquare(stat, dof, p, int(obs.numel()))
+
+
+def chi_square_two_sample(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.Tensor,
+                          min_expected: float = 5.0) -> ChiSquare:
+    """Pearson's test that two sets of counts over the same cells come from one distribution (homogeneity)."""
+    a = torch.as_tensor(a, dtype=torch.float64).flatten()
+    b = torch.as_tensor(b, dtype=torch.float64).flatten()
+    na, nb = float(a.sum()), float(b.sum())
+    pooled = (a + b) / (na + nb)
+    small = pooled * min(na, nb) < min_expected
+    if bool(small.any()):
+        a = torch.cat([a[~small], a[small].sum()[None]])
+        b = torch.cat([b[~small], b[small].sum()[None]])
+        pooled = (a + b) / (na + nb)
+    keep = pooled > 0
+    a, b, pooled = a[keep], b[keep], pooled[keep]
+    stat = float((((a - na * pooled) ** 2) / (na * pooled)).sum() + (((b - nb * pooled) ** 2) / (nb * pooled)).sum())
+    dof = max(int(a.numel()) - 1, 1)
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                      torch.tensor(stat / 2, dtype=torch.float64)))
+    return ChiSquare(stat, dof, p, int(a.numel()))
+
+
 # --------------------------------------------------------------------------- paged-attention cases
 
 @dataclass

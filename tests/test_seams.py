@@ -64,7 +64,9 @@ def test_every_entry_point_takes_its_defaults_from_engine_config():
     assert engine_config(p.parse_args([])) == default
     args = p.parse_args(["--block-size", "4", "--no-enable-prefix-caching", "--kv-cache-memory", "8MiB"])
     assert engine_config(args) == default.replace(block_size=4, enable_prefix_caching=False, kv_cache_memory="8MiB")
-    assert {a.dest for a in p._actions} >= set(setting_names())
+    assert {a.dest for a in p._actions} >= set(setting_names()) - {"speculative_config"}
+    spec = engine_config(p.parse_args(["--speculative", "layer_skip", "--draft-layers", "3"])).speculative
+    assert (spec.method, spec.draft_layers, spec.num_speculative_tokens) == ("layer_skip", 3, 4)
     import inspect
 
     from minillm.llm import LLM
@@ -77,7 +79,7 @@ def test_engine_config_fields_have_one_default_each():
     assert CacheConfig().kv_cache_memory == "2GiB" and SchedulerConfig().max_num_seqs == 64
     assert set(setting_names()) == {"dtype", "max_model_len", "attention_backend", "block_size", "num_blocks",
                                     "kv_cache_memory", "enable_prefix_caching", "max_num_seqs",
-                                    "max_num_batched_tokens", "enable_chunked_prefill"}
+                                    "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config"}
 
 
 def test_a_large_kv_budget_costs_no_memory_up_front():
@@ -144,8 +146,12 @@ def test_every_seam_plugs_in_and_the_outputs_stay_the_same():
     engine.plug(hash_fn=count("hash", default_hash_fn), prefix_lookup=count("lookup", find_cached_prefix),
                 evictor_cls=CountingEvictor, allocator_cls=CountingAllocator,
                 slot_mapping_fn=count("slots", slot_mapping))
-    engine.plug(backend=TorchAttentionBackend(attend_fn=count("attend", causal_attend)),
-                sampler=count("sample", Sampler()))
+    class CountingSampler(Sampler):
+        def __call__(self, logits, batch):
+            calls["sample"] += 1
+            return super().__call__(logits, batch)
+
+    engine.plug(backend=TorchAttentionBackend(attend_fn=count("attend", causal_attend)), sampler=CountingSampler())
     engine.plug(scheduler=type("Mine", (Scheduler,), {})(engine.config.scheduler, engine.block_manager))
     assert run(engine, REQUESTS) == base
     assert all(calls.values()), calls

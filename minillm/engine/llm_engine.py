@@ -1,29 +1,34 @@
 """LLMEngine: the step loop. add_request -> step() ... -> outputs; abort at any time.
 
-One step = schedule (the scheduler reserves KV slots) -> one forward pass over every scheduled token (copy-on-write
-block copies first) -> the scheduler commits what was computed -> sample the sequences whose computed tokens reached
-their end -> detokenize, check stops, free the finished -> tell the step observers.
+One step = (with speculation: draft guesses for the decoding sequences) -> schedule (the scheduler reserves KV
+slots) -> one forward pass over every scheduled token (copy-on-write block copies first) -> sample the sequences
+whose computed tokens reached their end (verify the guesses: speculation.py) -> append tokens, detokenize, check
+stops -> the scheduler commits what became real tokens -> free the finished -> tell the step observers.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Callable, Sequence as Seq
 
+import torch
+
 from minillm import interfaces
 from minillm.config import EngineConfig
 from minillm.engine.model_runner import ModelRunner
-from minillm.engine.outputs import CompletionOutput, RequestOutput, SeqSnapshot, StepInfo
+from minillm.engine.outputs import CompletionOutput, Logprob, RequestOutput, SeqSnapshot, StepInfo
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.simple import eos_token_ids
+from minillm.engine.speculation import SpecDecoder, build_proposer, clear as clear_drafts
 from minillm.engine.stream import TextStream
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import get_attention_backend
 from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.sampler import Sampler, make_generator
+from minillm.sampling.sampler import Sampler, SamplingBatch, TokenLogprobs, make_generator
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
@@ -52,6 +57,15 @@ class LLMEngine:
         self._ids = itertools.count()
         self._observers: list[interfaces.StepObserver] = []
         self.num_steps = 0
+        self.spec: SpecDecoder | None = None      # speculative decoding, when config.speculative is set
+        spec = self.config.speculative
+        if spec is not None:
+            if spec.num_speculative_tokens + 1 > self.config.scheduler.max_num_batched_tokens:
+                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} needs a step budget of at "
+                                 f"least {spec.num_speculative_tokens + 1} tokens (max_num_batched_tokens="
+                                 f"{self.config.scheduler.max_num_batched_tokens}): raise it or draft fewer tokens")
+            proposer = build_proposer(spec, model, tokenizer, num_blocks, cc.block_size, self.config.attention_backend)
+            self.spec = SpecDecoder(spec, proposer, cfg.vocab_size)
 
     @classmethod
     def from_model(cls, model: LlamaModel, tokenizer=None, **settings) -> "LLMEngine":
@@ -112,7 +126,9 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free all its blocks at once. Unknown ids are ignored."""
-        self.scheduler.abort(str(request_id))
+        for seq in self.scheduler.abort(str(request_id)):
+            if self.spec is not None:
+                self.spec.drop(seq)
         self.requests.pop(str(request_id), None)
 
     def has_unfinished_requests(self) -> bool:
@@ -122,37 +138,87 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sch = self.scheduler
+        if self.spec is not None:
+            self.spec.propose(sch.running, self.max_model_len)
         before = self._queue_snapshot() if self._observers else None
         sched = sch.schedule()
+        if self.spec is not None:
+            for seq in sched.preempted:          # its KV is gone: it comes back as a prompt, guesses redrawn
+                self.spec.drop(seq)
         if sched.is_empty:
             if sch.running or sch.waiting:
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next request")
             return []
         self.num_steps += 1
-        seqs, logits = self.runner.execute(sched)
-        sch.commit(sched)
+        seqs, rows, logits = self.runner.execute(sched)
         now = time.perf_counter()
         for seq, _ in sched.scheduled:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
-        rows, row_seqs = [], []
-        for i, seq in enumerate(seqs):
-            rows.append(i)
-            row_seqs.append(seq)
-            for k in range(1, seq.pending_forks + 1):   # n > 1: children share the prompt's blocks
-                rows.append(i)
-                row_seqs.append(self._fork(seq, k))
-            seq.pending_forks = 0
-        tokens = self.sampler(logits[rows], [s.params for s in row_seqs], [s.generator for s in row_seqs])
-        deltas: dict[int, tuple[str, int]] = {}
-        for seq, tok in zip(row_seqs, tokens):
-            deltas[seq.seq_id] = (self._append_token(seq, tok, now), tok)
-        outputs = [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in row_seqs)]
+        emitted, children, verified = self._sample(seqs, rows, logits)
+        appended: dict[Sequence, list[int]] = {}
+        deltas: dict[int, tuple[str, list[int]]] = {}
+        for seq, (toks, lps) in emitted.items():
+            text, appended[seq] = self._append_tokens(seq, toks, lps, now)
+            deltas[seq.seq_id] = (text, appended[seq])
+        # The KV of every scheduled position was written; keep only what became real tokens: for a sequence with
+        # guesses, its last token and the accepted guesses (the scheduler rolls the rest back).
+        sch.commit(dataclasses.replace(sched, scheduled=[(s, len(appended[s]) if s in verified else n)
+                                                         for s, n in sched.scheduled]))
+        for parent, child in children:           # n > 1: children share the prompt's blocks
+            child.num_computed_tokens = parent.num_computed_tokens
+            sch.fork(parent, child)
+        for seq in appended:
+            if seq.text.finished:
+                sch.finish(seq)
+            if self.spec is not None:
+                if seq.text.finished:
+                    self.spec.drop(seq)
+                elif seq in verified:
+                    self.spec.proposer.verified(seq, len(appended[seq]) - 1)
+        if self.spec is not None:
+            for seq, _ in sched.scheduled:       # guesses not verified (a short budget) are stale now
+                clear_drafts(seq)
+        outputs = [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in appended)]
         if before is not None:
             info = StepInfo(self.num_steps, sched, *before, time.perf_counter() - t0, outputs)
             for fn in list(self._observers):
                 fn(info)
         return outputs
+
+    def _sample(self, seqs: list[Sequence], rows: list[list[int]], logits: torch.Tensor):
+        """Tokens for every sequence that reached its end this step: {seq: (tokens, logprobs)}, the n > 1 children
+        made from parents whose prompt just finished, and the sequences whose guesses were verified."""
+        plain_rows, plain = [], []
+        children: list[tuple[Sequence, Sequence]] = []
+        spec_items = []
+        for seq, rs in zip(seqs, rows):
+            if len(rs) > 1:
+                spec_items.append((seq, rs))
+                continue
+            plain_rows.append(rs[0])
+            plain.append(seq)
+            for k in range(1, seq.pending_forks + 1):
+                child = self._new_child(seq, k)
+                children.append((seq, child))
+                plain_rows.append(rs[0])
+                plain.append(child)
+            seq.pending_forks = 0
+        emitted: dict[Sequence, tuple[list[int], list]] = {}
+        if plain:
+            batch = SamplingBatch([s.params for s in plain], [s.generator for s in plain],
+                                  [s.prompt_token_ids for s in plain], [s.output_token_ids for s in plain])
+            out = self.sampler(logits[plain_rows], batch)
+            if len(out.token_ids) != len(plain):
+                raise ValueError(f"the sampler returned {len(out.token_ids)} tokens for {len(plain)} rows")
+            for s, t, lp in zip(plain, out.token_ids, out.logprobs):
+                emitted[s] = ([int(t)], [lp])
+        verified = set()
+        if spec_items:
+            for seq, (toks, lps, _) in self.spec.verify(spec_items, logits, self.sampler).items():
+                emitted[seq] = (toks, lps)
+                verified.add(seq)
+        return emitted, children, verified
 
     def _queue_snapshot(self) -> tuple[list[SeqSnapshot], list[SeqSnapshot], int]:
         sch = self.scheduler
@@ -170,67 +236,93 @@ class LLMEngine:
     def remove_step_observer(self, fn: Callable[[StepInfo], None]) -> None:
         self._observers.remove(fn)
 
-    def _fork(self, parent: Sequence, k: int) -> Sequence:
+    def _new_child(self, parent: Sequence, k: int) -> Sequence:
+        """The k-th extra sample of an n > 1 request (joins the scheduler once its parent's prompt is committed)."""
         p = parent.params
         child = Sequence(parent.request_id, parent.prompt_token_ids, p, TextStream(self.tokenizer, p, self.eos_ids),
                          make_generator(None if p.seed is None else p.seed + k), parent.metrics.arrival_time, index=k)
         child.token_ids = list(parent.token_ids)
-        child.num_computed_tokens = parent.num_computed_tokens
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         child.metrics.num_cached_tokens = parent.metrics.num_cached_tokens
-        self.scheduler.fork(parent, child)
         self.requests[parent.request_id].append(child)
         return child
 
-    def _append_token(self, seq: Sequence, tok: int, now: float) -> str:
-        seq.token_ids.append(tok)
-        m = seq.metrics
-        if m.first_token_time is None:
-            m.first_token_time = now
-        m.token_times.append(now)
-        delta = seq.text.add(tok)
-        if not seq.text.finished and seq.num_tokens >= self.max_model_len:
-            delta += seq.text.finish("length")
-        if seq.text.finished:
-            m.finished_time = now
-            self.scheduler.finish(seq)
-        return delta
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list, now: float) -> tuple[str, list[int]]:
+        """Append tokens one at a time until the sequence finishes (eos, stop string, max_tokens, context full):
+        what comes after a finishing token is dropped. Returns the text delta and the tokens appended."""
+        m, delta, done = seq.metrics, "", []
+        for tok, lp in zip(tokens, logprobs):
+            seq.token_ids.append(tok)
+            done.append(tok)
+            if seq.params.logprobs is not None:
+                self._record_logprobs(seq, tok, lp)
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.token_times.append(now)
+            delta += seq.text.add(tok)
+            if not seq.text.finished and seq.num_tokens >= self.max_model_len:
+                delta += seq.text.finish("length")
+            if seq.text.finished:
+                m.finished_time = now
+                break
+        return delta, done
 
-    def _output(self, request_id: str, deltas: dict[int, tuple[str, int]]) -> RequestOutput:
+    def _record_logprobs(self, seq: Sequence, tok: int, lp: TokenLogprobs | None) -> None:
+        if lp is None:
+            raise ValueError(f"request {seq.request_id!r} asked for logprobs but the sampler gave none")
+        decode = (lambda t: self.tokenizer.decode([t], skip_special_tokens=False)) if self.tokenizer else (lambda t: None)
+        entry = {tok: Logprob(lp.logprob, lp.rank, decode(tok))}
+        for rank, (t, v) in enumerate(lp.top, start=1):
+            entry.setdefault(t, Logprob(v, rank, decode(t)))
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += lp.logprob
+
+    def _output(self, request_id: str, deltas: dict[int, tuple[str, list[int]]]) -> RequestOutput:
         seqs = sorted(self.requests[request_id], key=lambda s: s.index)
-        outs = [CompletionOutput(s.index, s.text.visible_text, s.output_token_ids, s.text.finish_reason)
+        outs = [CompletionOutput(s.index, s.text.visible_text, s.output_token_ids, s.text.finish_reason,
+                                 *((list(s.logprobs), s.cumulative_logprob) if s.params.logprobs is not None
+                                   else (None, None)))
                 for s in seqs]
         finished = all(s.is_finished for s in seqs) and len(seqs) == seqs[0].params.n
         if finished:
             del self.requests[request_id]
         first = seqs[0]
-        delta_text, tok = deltas.get(first.seq_id, ("", None))
+        delta_text, toks = deltas.get(first.seq_id, ("", []))
         return RequestOutput(request_id, first.prompt_token_ids, outs, finished, first.metrics,
-                             delta_text=delta_text, delta_token_ids=[] if tok is None else [tok])
+                             delta_text=delta_text, delta_token_ids=list(toks))
 
     # ------------------------------------------------------------------ swapping parts (labs, experiments)
     def plug(self, *, block_manager: interfaces.BlockManager | None = None,
              scheduler: interfaces.SchedulerPolicy | None = None, backend: interfaces.AttentionBackend | None = None,
-             sampler: interfaces.Sampler | None = None, **block_manager_seams) -> None:
+             sampler: interfaces.Sampler | None = None, rejection_sampler: interfaces.RejectionSampler | None = None,
+             proposer: interfaces.Proposer | None = None, **block_manager_seams) -> None:
         """Replace a component with another implementation of the same interface (e.g. a learner's).
 
-        block_manager / scheduler / backend / sampler: the component itself. allocator_cls, slot_mapping_fn,
-        hash_fn, prefix_lookup, evictor_cls: a fresh BlockManager for this pool built with those pieces.
+        block_manager / scheduler / backend / sampler / rejection_sampler / proposer: the component itself (the last
+        two need an engine built with speculative_config). allocator_cls, slot_mapping_fn, hash_fn, prefix_lookup,
+        evictor_cls: a fresh BlockManager for this pool built with those pieces.
         Only while idle: the KV pool's contents are owned by the block manager that wrote them."""
         unknown = set(block_manager_seams) - set(BLOCK_MANAGER_SEAMS)
         if unknown:
             raise TypeError(f"plug() got unknown seam(s) {sorted(unknown)}; it takes block_manager, scheduler, "
-                            f"backend, sampler and the block manager's {', '.join(BLOCK_MANAGER_SEAMS)}")
+                            f"backend, sampler, rejection_sampler, proposer and the block manager's "
+                            f"{', '.join(BLOCK_MANAGER_SEAMS)}")
         if self.has_unfinished_requests():
             raise RuntimeError("plug() needs an idle engine: finish or abort the running requests first")
         for obj, protocol, what in ((block_manager, interfaces.BlockManager, "block_manager"),
                                     (scheduler, interfaces.SchedulerPolicy, "scheduler"),
                                     (backend, interfaces.AttentionBackend, "backend"),
-                                    (sampler, interfaces.Sampler, "sampler")):
+                                    (sampler, interfaces.Sampler, "sampler"),
+                                    (rejection_sampler, interfaces.RejectionSampler, "rejection_sampler"),
+                                    (proposer, interfaces.Proposer, "proposer")):
             if obj is not None and not isinstance(obj, protocol):
                 raise TypeError(f"plug({what}=...): a {type(obj).__name__} lacks "
                                 f"{', '.join(interfaces.missing_members(obj, protocol))} of minillm.interfaces."
                                 f"{protocol.__name__}")
+        if (rejection_sampler is not None or proposer is not None) and self.spec is None:
+            raise ValueError("plug(rejection_sampler=/proposer=) needs an engine with speculative decoding on: build "
+                             "it with speculative_config={'method': 'ngram', 'num_speculative_tokens': 4} (the k "
+                             "to draft), then plug your piece")
         if block_manager_seams:
             if block_manager is not None:
                 raise TypeError("plug() takes either a block_manager or block-manager seams, not both")
@@ -251,6 +343,10 @@ class LLMEngine:
             self.runner.backend = backend
         if sampler is not None:
             self.sampler = sampler
+        if rejection_sampler is not None:
+            self.spec.rejection_sampler = rejection_sampler
+        if proposer is not None:
+            self.spec.proposer = proposer
 
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict:

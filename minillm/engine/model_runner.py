@@ -18,15 +18,20 @@ class ModelRunner:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
 
     def prepare(self, out: SchedulerOutput):
+        """Flat inputs for the step, and for every sequence that gets logits, its rows of them: one row (the last
+        position) for a sequence whose chunk reaches its end, k + 1 rows for one whose k speculative guesses are
+        verified (the positions from its last real token on)."""
         ids, pos, qlens, slens, sample_rows, sample_seqs = [], [], [], [], [], []
         for seq, n in out.scheduled:
             start = seq.num_computed_tokens
-            ids += seq.token_ids[start:start + n]
+            ids += seq.all_token_ids[start:start + n]
             pos += range(start, start + n)
             qlens.append(n)
             slens.append(start + n)
-            if start + n == seq.num_tokens:   # this chunk reaches the end: its last row yields the next token
-                sample_rows.append(len(ids) - 1)
+            last_real = seq.num_tokens - 1
+            if start + n > last_real:     # this chunk reaches the last real token: those rows yield tokens
+                first = len(ids) - n + max(0, last_real - start)
+                sample_rows.append(list(range(first, len(ids))))
                 sample_seqs.append(seq)
         width = max(len(t) for t in out.block_tables)
         meta = AttentionMetadata(
@@ -35,11 +40,18 @@ class ModelRunner:
             block_size=self.kv_cache.block_size)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), meta, sample_rows, sample_seqs
 
-    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], torch.Tensor]:
-        """Run the batch; return the sequences that sample this step and their logits [len, V] (fp32)."""
+    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], list[list[int]], torch.Tensor]:
+        """Run the batch; return the sequences that get tokens this step, each one's rows of the logits, and the
+        logits [rows, V] (fp32)."""
         self.kv_cache.copy_blocks(list(out.block_copies))
         input_ids, positions, meta, rows, seqs = self.prepare(out)
         hidden = self.model(input_ids, positions, ForwardContext(meta, self.kv_cache, self.backend))
-        if not rows:
-            return [], hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
-        return seqs, self.model.compute_logits(hidden[rows])
+        flat = [r for rs in rows for r in rs]
+        if not flat:
+            return [], [], hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
+        logits = self.model.compute_logits(hidden[flat])
+        offsets, local = 0, []
+        for rs in rows:
+            local.append(list(range(offsets, offsets + len(rs))))
+            offsets += len(rs)
+        return seqs, local, logits

@@ -6,12 +6,25 @@ from dataclasses import dataclass, field
 from minillm.engine.sequence import RequestMetrics
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """A token's log-probability under the model (raw logits, before any sampling transform), its rank among all
+    tokens (1 = most likely), and its text."""
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
 @dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    # With SamplingParams(logprobs=N), per output token as vLLM returns them: {token id: Logprob} holding the
+    # sampled token and the N most likely ones (N + 1 entries, or N when the sampled token is among them).
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass

@@ -88,11 +88,16 @@ class Scheduler:
         return out
 
     def commit(self, out: SchedulerOutput) -> None:
-        """The forward pass wrote the KV of every scheduled token: advance the sequences and tell the block
-        manager (which registers newly full blocks in the prefix cache)."""
+        """The forward pass wrote the KV of the scheduled tokens: advance the sequences and tell the block manager
+        (which registers newly full blocks in the prefix cache). With speculative decoding the engine commits only
+        the positions that became real tokens: the slots reserved past them are rolled back, and a block left
+        holding none of the kept positions goes back to the pool."""
+        bm = self.block_manager
         for seq, n in out.scheduled:
             seq.num_computed_tokens += n
-            self.block_manager.commit_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            bm.commit_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if len(bm.block_table(seq.seq_id)) * bm.block_size >= seq.num_computed_tokens + bm.block_size:
+                bm.trim(seq.seq_id, seq.num_computed_tokens)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """An n > 1 sample starts running beside its parent, sharing all of its blocks."""

@@ -12,6 +12,7 @@ import torch
 
 from minillm.engine.stream import TextStream
 from minillm.sampling.params import SamplingParams
+from minillm.sampling.speculative import SpecStats
 
 _seq_ids = itertools.count()
 
@@ -31,6 +32,12 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_cached_tokens: int = 0   # prompt tokens served from the prefix cache
+    spec: SpecStats = field(default_factory=SpecStats)   # speculative decoding: drafted / accepted tokens
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted drafts / drafted tokens (None without speculation)."""
+        return self.spec.acceptance_rate
 
     @property
     def ttft(self) -> float | None:
@@ -68,6 +75,12 @@ class Sequence:
         self.num_computed_tokens = 0
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.perf_counter())
         self.pending_forks = params.n - 1 if index == 0 else 0
+        # speculative decoding: the tokens guessed for the next positions, verified in the next step, and the
+        # distributions they were drawn from ([k, V]; None: chosen deterministically)
+        self.spec_token_ids: list[int] = []
+        self.spec_probs: torch.Tensor | None = None
+        self.logprobs: list[dict] = []     # per output token {token id: Logprob}, when params.logprobs is set
+        self.cumulative_logprob = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -87,7 +100,13 @@ class Sequence:
 
     @property
     def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        """Positions still to compute: the tokens not in the KV cache yet, plus any speculative guesses after them."""
+        return self.num_tokens - self.num_computed_tokens + len(self.spec_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """The tokens a forward pass reads: token_ids, then the speculative guesses."""
+        return self.token_ids + self.spec_token_ids if self.spec_token_ids else self.token_ids
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, req={self.request_id!r}, {self.status.value}, "

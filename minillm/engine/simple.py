@@ -13,7 +13,7 @@ from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
 from minillm.models.llama import ForwardContext, LlamaModel
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.sampler import Sampler, make_generator
+from minillm.sampling.sampler import Sampler, SamplingBatch, make_generator
 
 
 def eos_token_ids(tokenizer, cfg) -> set[int]:
@@ -73,9 +73,10 @@ class SimpleGenerator:
         self.last_timing = {"prefill_s": time.perf_counter() - t0, "prompt_tokens": len(prompt_ids)}
         pos = len(prompt_ids)
         t1 = time.perf_counter()
-        steps = 0
+        steps, out = 0, []
         while True:
-            tok = self.sampler(logits[None], [params], [gen])[0]
+            tok = self.sampler(logits[None], SamplingBatch([params], [gen], [prompt_ids], [out])).token_ids[0]
+            out.append(tok)
             yield tok
             if pos >= budget:
                 return  # context window full; the caller's stop logic ends the stream

@@ -396,6 +396,17 @@ class BlockManager:
         if chain is not None:
             self._chains[child_seq_id] = _HashChain(list(chain.hashes), list(chain.canon))
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Give back the table's blocks past the first ceil(num_tokens / block_size) (tail first): after a roll-back
+        (rejected speculative tokens) a block that holds no kept position is empty again."""
+        table = self.table(seq_id, "trim")
+        if num_tokens < self.computed[seq_id]:
+            raise ValueError(f"trim: seq {seq_id!r} has {self.computed[seq_id]} computed tokens, more than the "
+                             f"{num_tokens} to keep: roll back with commit_computed first")
+        keep = self.cdiv(num_tokens)
+        while len(table) > keep:
+            self.release(table.pop())
+
     def free(self, seq_id: int) -> None:
         """Drop the table and its holds (tail first, so prefix blocks are evicted last). Unknown id: no-op."""
         table = self.tables.pop(seq_id, None)

@@ -129,6 +129,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def get_vocab(self) -> dict[str, int]:
+        """token string -> id, added tokens included (two tokenizers agree on ids iff these are equal)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     @property
     def bos_token(self) -> str | None:
         return None if self.bos_token_id is None else self.id_to_token(self.bos_token_id)

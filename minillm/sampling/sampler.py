@@ -1,38 +1,22 @@
-"""Turn logits into tokens: temperature, top-k, top-p, then a draw from each request's own generator.
+"""Turn logits into tokens for a whole batch: penalties, then the rows' own temperature / min-p / top-k / top-p in
+one vectorized pass (processors.py), then one draw per row from its distribution.
 
-Each row may carry different parameters. Seeded requests own a torch.Generator, so their tokens do not depend
-on what else is in the batch."""
+The draw is an exponential race: token = argmax(p / E) with E ~ Exp(1) per token, which picks token j with
+probability p_j. Unseeded rows share one call to torch's global generator; a seeded row draws its noise from its
+own torch.Generator, so its tokens do not depend on what else is in the batch. Greedy rows take the argmax of the
+(penalized) logits. Logprobs come from the model's raw logits (log-softmax before any processing, as vLLM returns
+them by default): the sampled token's logprob and rank, and the top-N.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import torch
 
+from minillm import interfaces
 from minillm.sampling.params import SamplingParams
-
-
-def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most-likely tokens whose total probability reaches p (at least one token)."""
-    if p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(-1)
-    mass_before = probs.cumsum(-1) - probs   # probability of the tokens strictly ahead of each one
-    drop_sorted = mass_before >= p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a (non-greedy) request samples from, for one row [V] or a batch [B, V]."""
-    logits = logits.float() / params.temperature
-    logits = apply_top_p(apply_top_k(logits, params.top_k), params.top_p)
-    return logits.softmax(-1)
+from minillm.sampling.processors import apply_penalties, process_logits
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:
@@ -41,16 +25,120 @@ def make_generator(seed: int | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(seed)
 
 
+@dataclass
+class SamplingBatch:
+    """What the sampler needs to know about each row: its settings, its generator, and (for penalties) the tokens
+    the row's sequence holds: its prompt and its output so far."""
+    params: list[SamplingParams]
+    generators: list[Optional[torch.Generator]]
+    prompt_ids: list[Sequence[int]] = field(default_factory=list)
+    output_ids: list[Sequence[int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+    def column(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in self.params], dtype=dtype)
+
+
+@dataclass
+class TokenLogprobs:
+    """One sampled token's logprob (from the raw logits), its rank among all tokens (1 = most likely) and the
+    top-N tokens with theirs."""
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[Optional[TokenLogprobs]]
+
+
+def draw(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> torch.Tensor:
+    """One token per row of probs [B, V], row i with generators[i] (None: torch's global one). The DrawFn seam."""
+    noise = torch.empty_like(probs)
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    for i in seeded:
+        noise[i].exponential_(generator=generators[i])
+    if len(seeded) < len(generators):
+        rest = [i for i, g in enumerate(generators) if g is None]
+        noise[rest] = torch.empty(len(rest), probs.shape[1], dtype=probs.dtype).exponential_()
+    return (probs / noise).argmax(-1)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]) -> list[TokenLogprobs]:
+    """Logprobs of the sampled tokens and each row's top-N, from the raw logits [B, V]."""
+    lp = logits.float().log_softmax(-1)
+    chosen = lp.gather(-1, token_ids[:, None])[:, 0]
+    ranks = (lp > chosen[:, None]).sum(-1) + 1
+    k = max(num_top, default=0)
+    top_v, top_i = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    return [TokenLogprobs(int(t), float(c), int(r), list(zip(top_i[i, :n].tolist(), top_v[i, :n].tolist())))
+            for i, (t, c, r, n) in enumerate(zip(token_ids.tolist(), chosen.tolist(), ranks.tolist(), num_top))]
+
+
 class Sampler:
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> list[int]:
-        """logits [B, V] fp32 -> one token id per row."""
-        greedy = logits.argmax(-1).tolist()
-        out = []
-        for i, p in enumerate(params):
-            if p.greedy:
-                out.append(greedy[i])
-                continue
-            probs = probs_from_logits(logits[i], p)
-            out.append(int(torch.multinomial(probs, 1, generator=generators[i])))
+    """The engine's sampler (the Sampler seam). process_fn and draw_fn are the pieces lab06 replaces."""
+    process_fn: interfaces.ProcessFn = staticmethod(process_logits)
+    draw_fn: interfaces.DrawFn = staticmethod(draw)
+
+    def __init__(self, process_fn: interfaces.ProcessFn | None = None, draw_fn: interfaces.DrawFn | None = None):
+        cls = type(self)    # read through the class: a plain function stored on it must not bind to self
+        self.process_fn = process_fn or cls.process_fn
+        self.draw_fn = draw_fn or cls.draw_fn
+
+    def penalized(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The raw logits [B, V] (fp32) with each row's penalties applied (rows without penalties untouched)."""
+        logits = logits.float()
+        rows = [i for i, p in enumerate(batch.params) if p.has_penalties]
+        if not rows:
+            return logits
+        sub = SamplingBatch([batch.params[i] for i in rows], [], [batch.prompt_ids[i] for i in rows],
+                            [batch.output_ids[i] for i in rows])
+        logits = logits.clone()
+        logits[rows] = apply_penalties(logits[rows], sub.prompt_ids, sub.output_ids, sub.column("repetition_penalty"),
+                                       sub.column("presence_penalty"), sub.column("frequency_penalty"))
+        return logits
+
+    def probs(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Each row's distribution [B, V]: what a random row samples from. A greedy row's is one-hot on its argmax."""
+        logits = self.penalized(logits, batch)
+        greedy = torch.tensor([p.greedy for p in batch.params])
+        out = torch.zeros_like(logits)
+        if bool(greedy.any()):
+            g = greedy.nonzero()[:, 0]
+            out[g, logits[g].argmax(-1)] = 1.0
+        if not bool(greedy.all()):
+            r = (~greedy).nonzero()[:, 0].tolist()
+            sub = SamplingBatch([batch.params[i] for i in r], [])
+            processed = self.process_fn(logits[r], sub.column("temperature"), sub.column("top_k", torch.int64),
+                                        sub.column("top_p"), sub.column("min_p"))
+            out[r] = processed.softmax(-1)
+        return out
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """logits [B, V] -> one token per row (and logprobs for the rows that ask)."""
+        probs = self.probs(logits, batch)
+        greedy = [p.greedy for p in batch.params]
+        tokens = probs.argmax(-1)
+        random_rows = [i for i, g in enumerate(greedy) if not g]
+        if random_rows:
+            drawn = self.draw_fn(probs[random_rows], [batch.generators[i] for i in random_rows])
+            if not isinstance(drawn, torch.Tensor) or drawn.shape != (len(random_rows),):
+                raise ValueError(f"draw_fn must return a tensor of {len(random_rows)} token ids (one per row), got "
+                                 f"{getattr(drawn, 'shape', type(drawn).__name__)}")
+            tokens[random_rows] = drawn.long()
+        return SamplerOutput(tokens.tolist(), self.logprobs(logits, tokens, batch))
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, tokens: torch.Tensor, batch: SamplingBatch) -> list[Optional[TokenLogprobs]]:
+        rows = [i for i, p in enumerate(batch.params) if p.logprobs is not None]
+        out: list[Optional[TokenLogprobs]] = [None] * len(batch)
+        if rows:
+            for i, lp in zip(rows, token_logprobs(logits[rows], tokens[rows],
+                                                 [batch.params[i].logprobs for i in rows])):
+                out[i] = lp
         return out

@@ -1,0 +1,114 @@
+"""Speculative decoding's verification: accept a prefix of the drafted tokens so that the output is distributed
+exactly as if the target model had sampled every token itself.
+
+For one request with drafts x_1..x_k (x_i drawn from the proposer's distribution q_i) and the target's
+distributions p_1..p_{k+1} at those positions (after temperature / top-k / top-p: what the target would sample
+from), walk i = 1..k: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a token
+drawn from normalize(max(p_i - q_i, 0)) and stop; if every draft is accepted, emit a bonus token drawn from
+p_{k+1}. Each step emits between 1 and k + 1 tokens, and the emitted token at each position has distribution p
+(the proof: P(emit y) = q(y) min(1, p(y)/q(y)) + (1 - sum_z min(q(z), p(z))) * (p(y) - q(y))+ / sum (p - q)+
+= min(p(y), q(y)) + (p(y) - q(y))+ = p(y)).
+
+q is whatever the proposer actually sampled from: one-hot on the draft for deterministic proposers (n-gram, greedy
+drafts), so a draft x is kept with probability p(x) and a rejection resamples from p with x removed. A greedy
+request's p is one-hot on the target's argmax, so it keeps drafts while they equal the argmax and then emits the
+argmax. Random numbers come from each request's own generator (uniforms for the k tests, then the noise of the
+final draw), so seeded requests reproduce whatever else is in the batch.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from minillm.sampling.sampler import draw
+
+# The per-request rule lab07 replaces: (target_probs [k+1, V], draft_token_ids [k], draft_probs [k, V],
+# generator or None) -> the emitted tokens (the accepted drafts, then one more).
+PerRequestRule = Callable[[torch.Tensor, list[int], torch.Tensor, Optional[torch.Generator]], list[int]]
+
+
+class RejectionSampler:
+    """Verifies the drafts of a whole batch at once (requests with different numbers of drafts).
+
+    rule: None for the vectorized implementation below, or a per-request function (the lab07 seam); the sampler
+    then calls it once per request with materialized draft probabilities (one-hot where the proposer gave none)."""
+
+    def __init__(self, rule: PerRequestRule | None = None) -> None:
+        self.rule = rule
+
+    def __call__(self, target_probs: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
+                 draft_probs: Sequence[Optional[torch.Tensor]],
+                 generators: Sequence[Optional[torch.Generator]]) -> list[list[int]]:
+        """target_probs [sum(k_r + 1), V]: request r's k_r + 1 rows in order (the last one for the bonus token);
+        draft_token_ids[r]: its k_r drafts; draft_probs[r]: [k_r, V] or None (one-hot). Returns, per request, the
+        tokens to append: its accepted drafts followed by one resampled or bonus token."""
+        ks = [len(d) for d in draft_token_ids]
+        if target_probs.shape[0] != sum(ks) + len(ks):
+            raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected sum(k + 1) = {sum(ks) + len(ks)}")
+        if self.rule is not None:
+            return self._per_request(target_probs, draft_token_ids, draft_probs, generators)
+        R, V, kmax = len(ks), target_probs.shape[1], max(ks, default=0)
+        k_t = torch.tensor(ks, dtype=torch.long)
+        starts = (k_t + 1).cumsum(0) - (k_t + 1)                                   # request r's first row
+        # drafts, q and p padded to [R, kmax] (padding: never accepted, never read)
+        valid = torch.arange(kmax)[None, :] < k_t[:, None]
+        drafts = torch.zeros(R, kmax, dtype=torch.long)
+        drafts[valid] = torch.tensor([t for d in draft_token_ids for t in d], dtype=torch.long)
+        rows = (starts[:, None] + torch.arange(kmax)[None, :]).clamp_max(target_probs.shape[0] - 1)
+        p_x = target_probs[rows, drafts]                                           # p_j(x_j)
+        q_x = torch.ones_like(p_x)                                                 # one-hot q: q(x) = 1
+        for r, q in enumerate(draft_probs):
+            if q is not None and ks[r]:
+                q_x[r, :ks[r]] = q[torch.arange(ks[r]), drafts[r, :ks[r]]].to(p_x.dtype)
+        u = torch.zeros_like(p_x)
+        u[valid] = self._uniforms(ks, generators, p_x.dtype)
+        accept = (u * q_x < p_x) & valid                                           # u < min(1, p/q) for q > 0
+        num_accepted = accept.long().cumprod(1).sum(1)                             # up to the first rejection
+        # the final token: from the residual at the first rejection, from p_{k+1} after k acceptances
+        final = target_probs[starts + num_accepted].clone()
+        rejected = (num_accepted < k_t).nonzero()[:, 0].tolist()
+        if rejected:
+            q_rej = torch.zeros(len(rejected), V, dtype=final.dtype)
+            for i, r in enumerate(rejected):
+                a = int(num_accepted[r])
+                if draft_probs[r] is not None:
+                    q_rej[i] = draft_probs[r][a].to(final.dtype)
+                else:
+                    q_rej[i, drafts[r, a]] = 1.0
+            residual = (final[rejected] - q_rej).clamp_min(0)
+            mass = residual.sum(-1, keepdim=True)
+            # mass is 0 only where p == q, and then nothing is rejected: keep p there (float error aside)
+            final[rejected] = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(final.dtype).tiny),
+                                          final[rejected])
+        last = draw(final, generators).tolist()
+        return [list(d[:a]) + [t] for d, a, t in zip(draft_token_ids, num_accepted.tolist(), last)]
+
+    @staticmethod
+    def _uniforms(ks: Sequence[int], generators: Sequence[Optional[torch.Generator]],
+                  dtype: torch.dtype) -> torch.Tensor:
+        """k uniforms per request, flat in request order: a seeded request's from its own generator, the others'
+        from one call to torch's global generator."""
+        out = torch.rand(sum(ks), dtype=torch.float64)
+        offset = 0
+        for k, g in zip(ks, generators):
+            if g is not None and k:
+                out[offset:offset + k] = torch.rand(k, generator=g, dtype=torch.float64)
+            offset += k
+        return out.to(dtype)
+
+    def _per_request(self, target_probs, draft_token_ids, draft_probs, generators) -> list[list[int]]:
+        out, start = [], 0
+        V = target_probs.shape[1]
+        for drafts, q, g in zip(draft_token_ids, draft_probs, generators):
+            k = len(drafts)
+            if q is None:
+                q = torch.nn.functional.one_hot(torch.tensor(list(drafts), dtype=torch.long), V).to(target_probs.dtype)
+            emitted = self.rule(target_probs[start:start + k + 1], list(drafts), q, g)
+            if not isinstance(emitted, (list, tuple)) or not 1 <= len(emitted) <= k + 1 \
+                    or list(emitted[:-1]) != list(drafts[:len(emitted) - 1]):
+                raise ValueError(f"the rejection rule must return the accepted drafts then one token (1 to {k + 1} "
+                                 f"tokens starting with the drafts {list(drafts)}), got {emitted!r}")
+            out.append([int(t) for t in emitted])
+            start += k + 1
+        return out
