@@ -166,12 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench throughput --plot tp.png     # 64 requests; all four static batch sizes: ~15 min\n"
                "  minillm bench throughput --num-requests 16 --baseline-batch-sizes 8 16   # a quicker look\n"
                "  minillm bench kv --json                    # memory accounting only: seconds\n"
-               "  minillm bench prefix                       # ~1 min\n" + EPILOG_MODEL)
-    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix"],
+               "  minillm bench prefix                       # ~1 min\n"
+               "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
+               "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
+               + EPILOG_MODEL)
+    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
                         "kv: paged vs contiguous KV waste and concurrency; "
-                        "prefix: TTFT with and without prefix caching")
+                        "prefix: TTFT with and without prefix caching; "
+                        "spec: speculative decoding's acceptance and speedup per task, proposer, k and batch size "
+                        "(the draft_model proposer drafts with --draft-model, default: the target itself, the only "
+                        "model with its vocabulary that installs offline; layer_skip with --draft-layers, default 24)")
     _add_model_args(b)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
@@ -189,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kv: tokens a contiguous cache reserves per sequence (its max length)")
     b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
                    help="throughput: transformers static batch sizes to try (best is reported)")
+    b.add_argument("--tasks", nargs="+", default=["rewrite", "code", "chat"],
+                   help="spec: rewrite (copy a passage), code (add type hints to a function), chat (open-ended)")
+    b.add_argument("--proposers", nargs="+", default=["ngram", "layer_skip", "draft_model"], help="spec: proposers")
+    b.add_argument("--k", type=int, nargs="+", default=[2, 4, 8], help="spec: tokens drafted per step")
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="spec: requests running together")
+    b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
+    b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="a short tour: chat answers, then speed numbers")

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,50 @@ def test_bench_decode_and_prefix_cli():
     assert d["bound_ms_per_token"] > 0 and d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
     p = bench("prefix")
     assert p["system_prompt_hit_rate"] > 0 and p["multi_turn_hit_rate"] > 0
+
+
+def test_spec_bench_accounting_on_a_tiny_model():
+    """The spec bench's bookkeeping (not its timings): baseline first, every proposer and k, speedups against the
+    baseline of the same task and batch, identical greedy text, and a reason for every slowdown."""
+    from types import SimpleNamespace
+
+    from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench
+    from minillm.config import EngineConfig
+    from minillm.testing import random_model
+
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from minillm.loading.tokenizer import Tokenizer
+    byte_chars = sorted(ByteLevel.alphabet())               # one token per byte: any text encodes, ids < 256
+    hf = HFTokenizer(models.BPE({c: i for i, c in enumerate(byte_chars)}, []))
+    hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok = Tokenizer(hf, bos_token_id=None, eos_token_id=2, add_bos_token=False,
+                    chat_template="{{ messages[-1]['content'][:60] }}")
+    model = random_model(seed=3, layers=2, vocab=256)
+    loaded = SimpleNamespace(model=model, tokenizer=tok, config=model.cfg, path=Path("tiny"))
+    bc = SpecBenchConfig(tasks=("rewrite", "chat"), proposers=("ngram", "layer_skip"), ks=(2, 3), batch_sizes=(1, 3),
+                         batch1_requests=2, max_tokens=12, draft_layers=1)
+    r = run_spec_bench(loaded, EngineConfig.from_kwargs(num_blocks=256, block_size=4), bc, progress=False)
+    runs = r["runs"]
+    assert len(runs) == 2 * 2 * (1 + 2 * 2)
+    for run in runs:
+        base = next(b for b in runs if b["proposer"] == "none" and (b["task"], b["batch"]) == (run["task"], run["batch"]))
+        assert run["speedup"] == pytest.approx(run["tok_s"] / base["tok_s"], rel=1e-2)
+        assert run["same_text"] is True and run["output_tokens"] == base["output_tokens"]
+        if run["proposer"] != "none":
+            assert run["expected_speedup"] > 0 and (run["speedup"] >= 1 or run["why"])
+    table = format_spec_bench(r)
+    assert "layer_skip" in table and "speedup" in table
+    with pytest.raises(ValueError, match="unknown proposer"):
+        run_spec_bench(loaded, EngineConfig(), SpecBenchConfig(proposers=("medusa",)), progress=False)
+
+
+@pytest.mark.slow
+def test_bench_spec_cli_small(tmp_path):
+    r = bench("spec", "--proposers", "ngram", "--k", "4", "--batch-sizes", "1", "--tasks", "rewrite",
+              "--batch1-requests", "1", "--max-tokens", "48", "--plot", str(tmp_path / "s.png"))
+    ngram = next(x for x in r["runs"] if x["proposer"] == "ngram")
+    # not a timing threshold: copying a passage is predictable, so most drafts are accepted and the text is unchanged
+    assert ngram["same_text"] and ngram["acceptance"] > 0.5 and ngram["tokens_per_step"] > 2
+    assert (tmp_path / "s.png").exists()

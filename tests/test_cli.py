@@ -54,6 +54,14 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--max-tokens", "0"], "max_tokens"),
     (["generate", "hi", "--top-p", "1.5"], "top_p"),
     (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "hi", "--top-p", "inf"], "top_p"),
+    (["generate", "hi", "--repetition-penalty", "0"], "repetition_penalty"),
+    (["generate", "hi", "--draft-layers", "4"], "add --speculative"),
+    (["generate", "hi", "--speculative", "layer_skip"], "draft_layers"),
+    (["generate", "hi", "--speculative", "draft_model"], "needs `model`"),
+    (["generate", "hi", "--speculative", "ngram", "--num-speculative-tokens", "0"], "positive integer"),
+    (["bench", "spec", "--speculative", "ngram"], "--proposers"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2
@@ -88,3 +96,14 @@ def test_unsupported_architecture(tmp_path, capsys):
 def test_prompt_longer_than_context(capsys):
     assert main(["generate", "word " * 9000, "--no-chat"]) == 2
     assert "context window" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_generate_with_speculation_prints_the_same_text_and_its_acceptance():
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
+    plain = run_cli("generate", prompt, "--temperature", "0", "--max-tokens", "40")
+    spec = run_cli("generate", prompt, "--temperature", "0", "--max-tokens", "40", "--speculative", "ngram",
+                   "--num-speculative-tokens", "4")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and "fox" in spec.stdout
+    assert "[speculative decoding:" in spec.stderr and "tokens per verification step" in spec.stderr

@@ -64,3 +64,30 @@ def test_multibyte_text_streams_whole_characters(llm):
     while engine.has_unfinished_requests():
         pieces += [o.delta_text for o in engine.step()]
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_speculation_and_logprobs_through_the_public_api():
+    """The issue's example: LLM(..., speculative_config=...) with sampled and greedy requests; per-request
+    acceptance and vLLM-style logprobs."""
+    spec = LLM("default", max_num_seqs=4, block_size=16, kv_cache_memory="64MiB",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    prompts = ["Repeat exactly: one two three four five, one two three four five, one two three four five.",
+               "Write a haiku about the sea."]
+    outs = spec.generate(prompts, SamplingParams(temperature=0.7, top_p=0.9, seed=1, logprobs=5, max_tokens=24),
+                         use_tqdm=False)
+    for o in outs:
+        c = o.outputs[0]
+        assert len(c.logprobs) == len(c.token_ids) > 0
+        for tok, entry in zip(c.token_ids, c.logprobs):
+            assert tok in entry and 5 <= len(entry) <= 6
+            assert sorted(lp.rank for t, lp in entry.items() if t != tok or lp.rank <= 5)[:5] == [1, 2, 3, 4, 5]
+            assert all(lp.logprob <= 0 and isinstance(lp.decoded_token, str) for lp in entry.values())
+        assert c.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs)),
+                                                     abs=1e-3)
+    assert outs[0].metrics.spec_acceptance_rate is not None and outs[0].metrics.spec.num_draft_tokens > 0
+    again = spec.generate(prompts, SamplingParams(temperature=0.7, top_p=0.9, seed=1, max_tokens=24), use_tqdm=False)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]          # seeded: reproducible
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    plain = LLM("default", max_num_seqs=4, block_size=16, kv_cache_memory="64MiB")
+    assert [o.text for o in spec.generate(prompts, greedy, use_tqdm=False)] == \
+        [o.text for o in plain.generate(prompts, greedy, use_tqdm=False)]

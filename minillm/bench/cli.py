@@ -13,6 +13,8 @@ def run(args) -> int:
     from minillm.loading.loader import load_model
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.what == "spec":
+        return spec_bench(args)
     config = engine_config(args)
     loaded = load_model(args.model, config.dtype)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
@@ -84,3 +86,25 @@ def format_kv(r: dict) -> str:
         f"max concurrent sequences: paged {r['paged_max_concurrency']}   contiguous {r['contiguous_max_concurrency']}"
         f"   ratio {r['concurrency_ratio']:.1f}x",
     ])
+
+
+def spec_bench(args) -> int:
+    from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
+    from minillm.loading.loader import load_model
+    if getattr(args, "spec_method", None) or getattr(args, "spec_num_speculative_tokens", None):
+        raise ValueError("bench spec runs every proposer itself: choose them with --proposers and k with --k "
+                         "(not --speculative / --num-speculative-tokens)")
+    bc = SpecBenchConfig(tasks=tuple(args.tasks), proposers=tuple(args.proposers), ks=tuple(args.k),
+                         batch_sizes=tuple(args.batch_sizes), batch1_requests=args.batch1_requests,
+                         max_tokens=args.max_tokens, seed=args.seed,
+                         draft_model=args.spec_model or SpecBenchConfig.draft_model,
+                         draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
+    args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
+    config = engine_config(args)
+    loaded = load_model(args.model, config.dtype)
+    result = run_spec_bench(loaded, config, bc, progress=not args.json)
+    if args.plot:
+        spec_plot(result, args.plot)
+    print(json.dumps(result) if args.json else format_spec_bench(result) +
+          (f"\nplot written to {args.plot}" if args.plot else ""))
+    return 0

@@ -1,0 +1,333 @@
+"""`minillm bench spec`: what speculative decoding buys, per task, proposer, k and batch size, in one process run.
+
+Three seeded tasks that differ in how predictable the output is:
+  rewrite  repeat a passage of English prose (Python's own documentation, shipped with CPython) word for word
+  code     add type hints to a small function from Python's standard library and return the whole function
+  chat     open-ended requests (a story, advice, an explanation)
+Each runs greedy through the same engine without speculation (the baseline) and with every proposer at every k;
+the baseline's text is the reference, so the table also says whether speculation changed a single token.
+
+Numbers: acceptance (accepted / drafted), tokens per target step (output tokens / engine steps), output tokens/s
+over the whole run (prefill included), the speedup over the baseline, and the speedup speculative_math expects
+from the measured acceptance and draft cost, assuming verifying k + 1 tokens costs one plain step. Where the
+measurement falls short of that, the verification step costs more than a plain one (printed as `verify`).
+"""
+from __future__ import annotations
+
+import inspect
+import random
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from tqdm.auto import tqdm
+
+from minillm.config import EngineConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.prompt import build_prompt_ids
+from minillm.sampling.params import SamplingParams
+from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
+
+TASKS = ("rewrite", "code", "chat")
+PROPOSERS = ("ngram", "layer_skip", "draft_model")
+
+CHAT = ["Write a short story about a robot who learns to paint.", "Give me three tips for sleeping better.",
+        "Explain why the sea is salty.", "Describe your ideal weekend in a few sentences.",
+        "Write a poem about autumn leaves.", "What are some good habits for learning a new language?",
+        "Tell me about the history of bicycles.", "How can I make my garden more friendly to bees?",
+        "Write a letter to a friend who moved to another city.", "Why do cats purr?",
+        "Suggest a plan for a rainy Sunday afternoon.", "Explain how a rainbow forms.",
+        "Write a dialogue between a baker and a customer.", "What makes a good team leader?",
+        "Describe a walk through a busy market.", "Give me ideas for a birthday party for a ten-year-old.",
+        "How do airplanes stay in the air?", "Write a short fable with a moral."]
+
+CODE_FUNCTIONS = ["shlex:quote", "colorsys:rgb_to_hsv", "colorsys:hsv_to_rgb", "colorsys:rgb_to_hls",
+                  "calendar:leapdays", "string:capwords", "fnmatch:filter", "glob:has_magic", "statistics:median",
+                  "posixpath:splitext", "textwrap:indent", "shutil:copyfileobj", "operator:length_hint",
+                  "base64:b32decode", "html:escape", "random:Random.shuffle", "json:loads", "os:makedirs"]
+
+
+# ---------------------------------------------------------------------------------------------- the prompts
+
+def passages(rng: random.Random, n: int) -> list[str]:
+    """n prose paragraphs of Python's reference documentation (pydoc_data, part of every CPython)."""
+    import pydoc_data.topics
+    paras = []
+    for text in pydoc_data.topics.topics.values():
+        for p in re.split(r"\n\s*\n", text):
+            if 250 <= len(p) <= 600 and not re.search(r"^\s|[*=:]{2}|::=|>>>", p, re.M):
+                paras.append(" ".join(p.split()))
+    return rng.sample(sorted(set(paras)), n)
+
+
+def functions(rng: random.Random, n: int) -> list[str]:
+    """Up to n functions of the standard library, as source (the first 30 lines: prompts stay short)."""
+    import importlib
+    out = []
+    for spec in rng.sample(CODE_FUNCTIONS, len(CODE_FUNCTIONS)):
+        mod, name = spec.split(":")
+        obj = importlib.import_module(mod)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        try:
+            src = inspect.getsource(obj)
+        except (OSError, TypeError):     # implemented in C in this build
+            continue
+        out.append("\n".join(src.splitlines()[:30]))
+        if len(out) == n:
+            break
+    return out
+
+
+def task_prompts(tokenizer, task: str, n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(f"{task}-{seed}")
+    if task == "rewrite":
+        texts = [f"Repeat the following passage exactly, word for word:\n\n{p}" for p in passages(rng, n)]
+    elif task == "code":
+        fns = functions(rng, n)
+        texts = [f"Add type hints to this Python function and return the whole function:\n\n```python\n{f}\n```"
+                 for f in fns]
+    elif task == "chat":
+        texts = rng.sample(CHAT, min(n, len(CHAT)))
+    else:
+        raise ValueError(f"unknown task {task!r}: use {', '.join(TASKS)}")
+    texts = (texts * (n // max(len(texts), 1) + 1))[:n]
+    return [build_prompt_ids(tokenizer, t, chat=True) for t in texts]
+
+
+# ---------------------------------------------------------------------------------------------- one run
+
+class TimedProposer:
+    """Wraps a proposer and adds up the time it spends drafting (the draft cost)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    def propose(self, seqs, num_tokens):
+        t = time.perf_counter()
+        try:
+            return self.inner.propose(seqs, num_tokens)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def verified(self, seq, num_accepted):
+        self.inner.verified(seq, num_accepted)
+
+    def free(self, seq):
+        self.inner.free(seq)
+
+
+@dataclass
+class Run:
+    task: str
+    proposer: str            # "none" for the baseline
+    k: int
+    batch: int
+    output_tokens: int
+    seconds: float
+    steps: int
+    draft_seconds: float = 0.0
+    acceptance: Optional[float] = None
+    acceptance_per_position: list[float] = field(default_factory=list)
+    mean_accepted_length: Optional[float] = None
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.output_tokens / self.steps
+
+
+def run_once(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[int, float, int, list]:
+    """The prompts through the engine, `batch` at a time (all of a batch arriving together); greedy."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    tokens, seconds, steps, texts = 0, 0.0, 0, []
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        done = {}
+        s0, t0 = engine.num_steps, time.perf_counter()
+        ids = [engine.add_request(p, params) for p in group]
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        seconds += time.perf_counter() - t0
+        steps += engine.num_steps - s0
+        tokens += sum(len(done[r].token_ids) for r in ids)
+        texts += [done[r].text for r in ids]
+    return tokens, seconds, steps, texts
+
+
+def warm_up(engine: LLMEngine) -> None:
+    engine.add_request([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int, draft, draft_layers: int) -> LLMEngine:
+    from minillm.layers.attention import get_attention_backend
+    from minillm.sampling.draft_model import ModelDraftProposer
+    if proposer is None:
+        return LLMEngine(loaded.model, loaded.tokenizer, config)
+    spec = {"method": "ngram", "num_speculative_tokens": k}
+    if proposer == "layer_skip":
+        spec = {"method": "layer_skip", "draft_layers": draft_layers, "num_speculative_tokens": k}
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config.replace(speculative_config=spec))
+    if proposer == "draft_model":       # the draft is loaded once for the whole bench and plugged in
+        engine.plug(proposer=ModelDraftProposer(draft, engine.kv_cache.num_blocks, config.cache.block_size,
+                                                get_attention_backend(config.attention_backend)))
+    engine.plug(proposer=TimedProposer(engine.spec.proposer))
+    return engine
+
+
+# ---------------------------------------------------------------------------------------------- the bench
+
+@dataclass
+class SpecBenchConfig:
+    tasks: tuple[str, ...] = TASKS
+    proposers: tuple[str, ...] = PROPOSERS
+    ks: tuple[int, ...] = (2, 4, 8)
+    batch_sizes: tuple[int, ...] = (1, 16)
+    batch1_requests: int = 2        # batch 1: this many prompts, one after the other
+    max_tokens: int = 96
+    draft_model: str = "default"
+    draft_layers: int = 24
+    seed: int = 0
+
+
+def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: bool = True) -> dict:
+    for name, allowed, given in (("task", TASKS, bc.tasks), ("proposer", PROPOSERS, bc.proposers)):
+        bad = sorted(set(given) - set(allowed))
+        if bad:
+            raise ValueError(f"unknown {name}(s) {bad}: choose from {', '.join(allowed)}")
+    if any(k < 1 for k in bc.ks) or any(b < 1 for b in bc.batch_sizes):
+        raise ValueError("--k and --batch-sizes take positive integers")
+    draft = None
+    if "draft_model" in bc.proposers:
+        from minillm.engine.speculation import check_same_vocabulary
+        from minillm.loading.loader import load_model
+        d = load_model(bc.draft_model, loaded.model.dtype)
+        check_same_vocabulary(loaded.config.vocab_size, loaded.tokenizer, d.config.vocab_size, d.tokenizer, str(d.path))
+        draft = d.model
+    warm_up(LLMEngine(loaded.model, loaded.tokenizer, config))
+    plan = [(t, b, p, k) for t in bc.tasks for b in bc.batch_sizes for p in (None, *bc.proposers)
+            for k in ((0,) if p is None else bc.ks)]
+    bar = tqdm(plan, desc="bench spec", unit="run", disable=not progress, dynamic_ncols=True)
+    prompts, runs, base = {}, [], {}
+    for task, batch, proposer, k in bar:
+        bar.set_postfix(task=task, batch=batch, proposer=proposer or "none", k=k, refresh=True)
+        key = (task, batch)
+        if key not in prompts:
+            prompts[key] = task_prompts(loaded.tokenizer, task, bc.batch1_requests if batch == 1 else batch, bc.seed)
+        engine = make_engine(loaded, config, proposer, k, draft, bc.draft_layers)
+        warm_up(engine)
+        tokens, seconds, steps, texts = run_once(engine, prompts[key], batch, bc.max_tokens)
+        r = Run(task, proposer or "none", k, batch, tokens, seconds, steps, texts=texts)
+        if proposer is not None:
+            s = engine.spec.stats
+            r.draft_seconds = engine.spec.proposer.seconds
+            r.acceptance, r.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
+            r.acceptance_per_position = [round(x, 3) for x in s.acceptance_rate_per_position]
+        else:
+            base[key] = r
+        runs.append(r)
+    bar.close()
+    return {"runs": [summarize(r, base[(r.task, r.batch)]) for r in runs], "settings": asdict(bc),
+            "engine": config.as_kwargs(), "model": loaded.path.name,
+            "dtype": str(loaded.model.dtype).removeprefix("torch."), "threads": _threads()}
+
+
+def _threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
+def summarize(r: Run, base: Run) -> dict:
+    out = {"task": r.task, "proposer": r.proposer, "k": r.k, "batch": r.batch, "output_tokens": r.output_tokens,
+           "seconds": round(r.seconds, 3), "steps": r.steps, "tok_s": round(r.tok_s, 2),
+           "tokens_per_step": round(r.tokens_per_step, 3), "baseline_tok_s": round(base.tok_s, 2),
+           "speedup": round(r.tok_s / base.tok_s, 3), "same_text": r.texts == base.texts}
+    if r.proposer == "none":
+        return out
+    base_step = base.seconds / base.steps                       # one plain step at this batch size
+    draft_cost = (r.draft_seconds / r.steps / r.k) / base_step  # one drafted position, in plain steps
+    verify = (r.seconds - r.draft_seconds) / r.steps / base_step
+    alpha = r.acceptance or 0.0
+    out.update(acceptance=None if r.acceptance is None else round(r.acceptance, 3),
+               acceptance_per_position=r.acceptance_per_position,
+               mean_accepted_length=None if r.mean_accepted_length is None else round(r.mean_accepted_length, 3),
+               draft_cost=round(draft_cost, 3), verify_cost=round(verify, 3),
+               expected_tokens_per_step=round(expected_tokens_per_step(alpha, r.k), 3),
+               expected_speedup=round(expected_speedup(alpha, r.k, draft_cost), 3))
+    out["why"] = why(out)
+    return out
+
+
+def why(r: dict) -> str:
+    """One line on what limited a run (empty when it won)."""
+    if r["speedup"] >= 1.0:
+        return ""
+    alpha, k = r["acceptance"] or 0.0, r["k"]
+    if alpha < 0.25:
+        return (f"drafts are rarely right (acceptance {alpha:.0%}): each step verifies {k} extra tokens per "
+                "sequence and still yields about one")
+    if r["draft_cost"] * k > 0.5:
+        return f"drafting {k} tokens costs {r['draft_cost'] * k:.1f} plain steps, more than the accepted tokens save"
+    return (f"verifying {r['batch']}x{k + 1} tokens costs {r['verify_cost']:.1f} plain steps: at batch {r['batch']} "
+            "the step is no longer bound by reading the weights, so extra tokens are not free")
+
+
+def format_spec_bench(result: dict) -> str:
+    lines = [f"{result['model']}, {result['dtype']}, {result['threads']} threads, greedy, "
+             f"max_tokens {result['settings']['max_tokens']} (batch 1: {result['settings']['batch1_requests']} "
+             f"requests one after the other)",
+             f"{'task':8s} {'batch':>5s} {'proposer':12s} {'k':>2s} {'accept':>7s} {'tok/step':>8s} {'tok/s':>7s} "
+             f"{'speedup':>7s} {'expect':>7s} {'draft':>6s} {'verify':>6s}  same"]
+    for r in result["runs"]:
+        if r["proposer"] == "none":
+            lines.append(f"{r['task']:8s} {r['batch']:5d} {'(none)':12s} {'':>2s} {'':>7s} {r['tokens_per_step']:8.2f} "
+                         f"{r['tok_s']:7.1f} {'1.00x':>7s}")
+            continue
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
+        lines.append(f"{r['task']:8s} {r['batch']:5d} {r['proposer']:12s} {r['k']:2d} {acc:>7s} "
+                     f"{r['tokens_per_step']:8.2f} {r['tok_s']:7.1f} {r['speedup']:6.2f}x {r['expected_speedup']:6.2f}x "
+                     f"{r['draft_cost']:6.2f} {r['verify_cost']:6.2f}  {'yes' if r['same_text'] else 'NO'}")
+    slow = [r for r in result["runs"] if r.get("why")]
+    if slow:
+        lines.append("\nslower with speculation, and why:")
+        for r in slow:
+            lines.append(f"  {r['task']}/{r['proposer']}/k={r['k']}/batch {r['batch']} ({r['speedup']:.2f}x): {r['why']}")
+    lines.append("\ndraft: one drafted token's cost in plain target steps; verify: a speculative step's target "
+                 "work (drafting excluded) in plain steps; expect: speculative_math.expected_speedup(acceptance, k, "
+                 "draft), which assumes verify = 1.")
+    return "\n".join(lines)
+
+
+def spec_plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    batches = sorted({r["batch"] for r in result["runs"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.2), squeeze=False, sharey=True)
+    styles = {"rewrite": "-", "code": "--", "chat": ":"}
+    colors = {"ngram": "tab:blue", "layer_skip": "tab:orange", "draft_model": "tab:green"}
+    for ax, b in zip(axes[0], batches):
+        for (task, prop) in sorted({(r["task"], r["proposer"]) for r in result["runs"] if r["proposer"] != "none"}):
+            pts = sorted((r["k"], r["speedup"]) for r in result["runs"]
+                         if r["batch"] == b and r["task"] == task and r["proposer"] == prop)
+            if pts:
+                ax.plot(*zip(*pts), styles.get(task, "-"), marker="o", color=colors.get(prop), label=f"{task} / {prop}")
+        ax.axhline(1.0, color="grey", lw=1)
+        ax.set_title(f"batch {b}")
+        ax.set_xlabel("k (tokens drafted per step)")
+        ax.set_yscale("log")
+    axes[0][0].set_ylabel("speedup over no speculation (output tok/s)")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle("speculative decoding on this machine (greedy; above 1 = faster)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
