@@ -39,14 +39,14 @@ def batches(draw):
     return heads, kv_heads, d, bs, dtype, seqs, draw(st.integers(0, 2**16))
 
 
-def run_backend(backend, heads, kv_heads, d, bs, dtype, seqs, seed):
+def run_backend(backend, heads, kv_heads, d, bs, dtype, seqs, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     cfg = ModelConfig(vocab_size=8, hidden_size=heads * d, intermediate_size=8, num_layers=1, num_heads=heads,
                       num_kv_heads=kv_heads, head_dim=d)
     need = sum(-(-(c + n) // bs) for c, n in seqs)
-    cache = KVCache(cfg, need + 3, bs, dtype=dtype)
-    cache.k.normal_(generator=g)                         # garbage everywhere a sequence must not read
-    cache.v.normal_(generator=g)
+    cache = KVCache(cfg, need + 3, bs, dtype=dtype, device=device)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))     # garbage everywhere a sequence must not read
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
     phys = torch.randperm(need + 3, generator=g).tolist()
     tables, slots, full_k, full_v, qs, ks, vs = [], [], [], [], [], [], []
     for c, n in seqs:
@@ -66,12 +66,12 @@ def run_backend(backend, heads, kv_heads, d, bs, dtype, seqs, seed):
         full_v.append(v)
     width = max(len(t) for t in tables)
     meta = AttentionMetadata(query_lens=[n for _, n in seqs], seq_lens=[c + n for c, n in seqs],
-                             slot_mapping=torch.tensor(slots), block_size=bs,
-                             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]))
+                             slot_mapping=torch.tensor(slots, device=device), block_size=bs,
+                             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device))
     scale = d ** -0.5
-    out = backend.forward(0, torch.cat(qs), torch.cat(ks), torch.cat(vs), meta, cache, scale)
+    out = backend.forward(0, *(torch.cat(x).to(device) for x in (qs, ks, vs)), meta, cache, scale)
     ref = torch.cat([dense(q, k, v, scale) for q, k, v in zip(qs, full_k, full_v)])
-    return out.float(), ref
+    return out.float().cpu(), ref
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
@@ -85,7 +85,10 @@ def test_torch_backend_equals_dense(b, group_size):
 @settings(max_examples=8, deadline=None, derandomize=True)
 @given(batches())
 def test_triton_backend_equals_dense(b):
-    out, ref = run_backend(TritonAttentionBackend(), *b)
+    """In Triton's interpreter on CPU; on a real GPU when there is one and TRITON_INTERPRET is 0."""
+    import os
+    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    out, ref = run_backend(TritonAttentionBackend(), *b, device="cuda" if gpu else "cpu")
     assert (out - ref).abs().max().item() <= TOL[b[4]]
 
 

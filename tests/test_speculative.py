@@ -234,6 +234,36 @@ def test_logprobs_with_speculation_match_those_without():
     assert abs(a.cumulative_logprob - sum(d[t].logprob for t, d in zip(a.token_ids, a.logprobs))) < 1e-4
 
 
+def test_the_prefix_cache_holds_only_accepted_tokens_and_their_true_kv():
+    """After runs full of rejections, every cached block chains to a prefix of a real sequence (prompt + output),
+    and a new prompt that reuses those blocks decodes exactly as an engine without a cache does."""
+    reqs = [([5, 6, 7, 8, 9, 10, 11, 12, 5, 6], 14), ([40, 41, 42, 43, 44, 45, 46], 17), ([5, 6, 7, 8, 9, 10, 90], 9)]
+    engine = make_engine("random", 4, num_blocks=80, block_size=2, max_num_seqs=2)
+    done = {}
+    for i, (p, m) in enumerate(reqs):
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True), request_id=str(i))
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o.prompt_token_ids + o.token_ids
+    assert engine.spec.stats.num_draft_tokens > engine.spec.stats.num_accepted_tokens    # there were rejections
+    by_block = {b.block_id: b for b in engine.block_manager.cached_blocks.values()}
+    assert by_block
+    for b in by_block.values():
+        prefix, cur = [], b
+        while cur is not None:
+            prefix[:0] = list(cur.tokens)
+            cur = by_block.get(cur.parent) if cur.parent is not None else None
+        assert any(seq[:len(prefix)] == prefix for seq in done.values()), prefix
+    follow_up = done["0"][:-1] + [77]               # shares all of request 0's full blocks
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    reuse = run_engine(engine, [(follow_up, params)])
+    assert engine.block_manager.stats.hits > 0
+    fresh = run_engine(make_engine(None, num_blocks=80, block_size=2, enable_prefix_caching=False),
+                       [(follow_up, params)])
+    assert reuse == fresh
+
+
 # ---------------------------------------------------------------- the distribution, end to end
 
 PROMPT = [17, 18, 19, 20, 17, 18]

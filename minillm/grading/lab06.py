@@ -1,0 +1,723 @@
+"""Checkers for lab06 — sampling.
+
+Tasks (the notebook documents the same signatures; minillm's own versions, the engine's seams, in brackets):
+  lab06_1  process_logits(logits, temperature, top_k, top_p, min_p) -> Tensor [B, V]: logits [B, V] float32 and
+           one setting per row ([B] tensors) -> the logits each row samples from: its own temperature, then min-p,
+           top-k and top-p (vLLM's order); a dropped token is -inf.
+                                                  [sampling.processors.process_logits; the ProcessFn seam]
+  lab06_2  draw(probs, generators) -> int64 Tensor [B]: one token per row of probs [B, V], row i drawn with
+           generators[i] (None: torch's global generator).            [sampling.sampler.draw; the DrawFn seam]
+Both plug into minillm's Sampler: Sampler(process_fn=..., draw_fn=...), then engine.plug(sampler=...).
+
+Oracles. lab06_1: each row on its own, in float64 Python, one rule after the other as its definition reads
+(reference_row). The kept set must equal the oracle's exactly, except for tokens less likely than 1e-20 x the top
+token (float32 cannot tell them apart; either fate is accepted); cases where a decision sits within a float32
+rounding margin of its threshold are not drawn. The distribution (softmax of the result, in float64) must match
+within rtol 1e-5 + 2e-6 x max|logit / T| (float32's own resolution at that magnitude).
+lab06_2: no reference draw (two correct samplers give different tokens for the same seed). Exact checks (one-hot
+rows, tokens of probability 0 never drawn), Pearson chi-square tests of the token counts against probs (fixed seeds;
+3,072 draws per distribution and kind of generator; each p-value must exceed 1e-6), and the seeded rows' tokens
+compared across repeated runs, batch compositions, positions and states of torch's global generator.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from hypothesis import assume, example, given, strategies as st
+
+from minillm.grading.core import GradingError, Task, as_tensor, check, diagnose, fail, minillm_objects, \
+    run_property, seal
+from minillm.sampling.params import SamplingParams
+from minillm.sampling.sampler import Sampler, SamplingBatch
+from minillm.testing import chi_square
+
+__all__ = ["check_lab06_1", "check_lab06_2", "TASKS", "reference_row", "reference_process_logits"]
+
+NEG_INF = float("-inf")
+NEGLIGIBLE = 46.0          # a token whose logit / T is more than 46 below the top one has p < 1e-20 x p_top
+
+
+# --------------------------------------------------------------------------- lab06_1 the oracle
+
+class Expected(NamedTuple):
+    """What one row must come out as.
+
+    keep:  the kept token ids;              x: every token's logit / T (float64)
+    free:  ids whose fate is not compared: tokens below 1e-20 x the top one's probability, and tokens tied (equal
+           logits) across top-p's cut, where any choice among the tied ones is a smallest set
+    reach: (the tokens top-p chose from, top_p) when top-p ran: what is kept of them must still reach top_p
+    fragile: a decision within float32 rounding of its threshold (such cases are not drawn)
+    rtol:  the tolerance on the kept tokens' probabilities"""
+    keep: frozenset
+    x: dict
+    free: frozenset = frozenset()
+    reach: tuple | None = None
+    fragile: bool = False
+    rtol: float = 1e-4
+
+
+def _softmax(x: dict) -> dict:
+    top = max(x.values())
+    w = {i: math.exp(v - top) for i, v in x.items()}
+    z = sum(w.values())
+    return {i: v / z for i, v in w.items()}
+
+
+def reference_row(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> Expected:
+    """One row by the definitions, in float64 Python (logits: a list of floats)."""
+    V = len(logits)
+    x = {i: float(v) / temperature for i, v in enumerate(logits)}             # 1. temperature
+    tempered = dict(x)
+    big = max(abs(v) for v in x.values())
+    delta = 1e-6 + 2e-7 * big              # how far float32 arithmetic may move a logit / T (in the exponent)
+    top = max(x.values())
+    free = {i for i, v in x.items() if top - v > NEGLIGIBLE}
+    fragile, reach = False, None
+
+    if min_p > 0:                          # 2. min-p: p_i >= min_p * p_top, on the tempered distribution
+        ratio = {i: math.exp(v - top) for i, v in x.items()}                  # = p_i / p_top
+        fragile |= any(v != top and i not in free and abs(ratio[i] / min_p - 1) < 4 * delta for i, v in x.items())
+        x = {i: v for i, v in x.items() if ratio[i] >= min_p}
+
+    if 0 < top_k < V:                      # 3. top-k: every token at least as likely as the k-th (ties stay)
+        ranked = sorted(x.values(), reverse=True)
+        kth = ranked[min(top_k, len(ranked)) - 1]
+        fragile |= any(v != kth and i not in free and abs(v - kth) < 4 * delta for i, v in x.items())
+        x = {i: v for i, v in x.items() if v >= kth}
+
+    if top_p < 1:                          # 4. top-p: walk from the most likely, stop once the mass reaches top_p
+        p = _softmax(x)
+        reach = (frozenset(x), top_p)
+        margin = 4 * (delta + V * 1e-7)
+        kept, mass = [], 0.0
+        for i in sorted(x, key=lambda i: -x[i]):
+            if i not in free and abs(mass - top_p) < margin:
+                fragile = True
+            if mass >= top_p:
+                break
+            kept.append(i)
+            mass += p[i]
+        last = x[kept[-1]]
+        ties = {i for i, v in x.items() if v == last}
+        if ties - set(kept):               # tied tokens on both sides of the cut: which of them stay is arbitrary
+            free |= ties
+        x = {i: x[i] for i in kept}
+
+    return Expected(frozenset(x), tempered, frozenset(free), reach, fragile, 1e-5 + 10 * delta)
+
+
+def reference_process_logits(logits, temperature, top_k, top_p, min_p) -> list:
+    """The oracle for a batch: one Expected per row, each with its own settings."""
+    return [reference_row(logits[i].tolist(), float(temperature[i]), int(top_k[i]), float(top_p[i]),
+                          float(min_p[i])) for i in range(logits.shape[0])]
+
+
+# --------------------------------------------------------------------------- lab06_1 known mistakes
+
+def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
+    """One row done wrong in a known way (for diagnosis only)."""
+    V = len(logits)
+    raw = {i: float(v) for i, v in enumerate(logits)}
+    x = {i: v / T for i, v in raw.items()}
+    if mistake == "no_temperature":
+        x = dict(raw)
+    elif mistake == "multiply":
+        x = {i: v * T for i, v in raw.items()}
+    judge = raw if mistake == "raw" else x              # what the truncations look at
+    alive = set(x)
+
+    def softmax_of(ids):
+        return _softmax({i: judge[i] for i in ids})
+
+    def min_p_step(ids):
+        if m <= 0:
+            return ids
+        if mistake == "min_p_on_logits":
+            best = max(judge[i] for i in ids)
+            return {i for i in ids if judge[i] >= m * best}
+        best = max(judge[i] for i in ids)
+        return {i for i in ids if math.exp(judge[i] - best) >= m}
+
+    def top_k_step(ids):
+        kk = k
+        if kk <= 0 and mistake == "k_zero_keeps_none":
+            return set()
+        if not 0 < kk < V:
+            return ids
+        kk = {"k_minus_one": kk - 1, "k_plus_one": kk + 1}.get(mistake, kk)
+        ranked = sorted(ids, key=lambda i: (-judge[i], i))
+        if kk <= 0:
+            return set()
+        if mistake == "k_no_ties":
+            return set(ranked[:kk])
+        kth = judge[ranked[min(kk, len(ranked)) - 1]]
+        return {i for i in ids if judge[i] >= kth}
+
+    def top_p_step(ids, mass_over):
+        if p >= 1 or not ids:
+            return ids
+        probs = softmax_of(mass_over)
+        kept, mass = [], 0.0
+        for i in sorted(ids, key=lambda i: -judge[i]):
+            if mistake in ("drops_crossing", "drops_crossing_keeps_one"):
+                if mass + probs[i] > p and not (mistake == "drops_crossing_keeps_one" and not kept):
+                    break
+            elif mass >= p:
+                break
+            kept.append(i)
+            mass += probs[i]
+        return set(kept)
+
+    if mistake == "min_p_last":
+        alive = top_k_step(alive)
+        alive = top_p_step(alive, alive)
+        alive = min_p_step(alive)
+    else:
+        alive = min_p_step(alive)
+        alive = top_k_step(alive)
+        alive = top_p_step(alive, set(x) if mistake == "top_p_full_mass" else alive)
+    return Expected(frozenset(alive), x)
+
+
+_PROCESS_MISTAKES = [
+    ("top-p must keep the token that crosses top_p: keep a token while the mass of the tokens strictly more likely "
+     "than it is still below top_p (the smallest set whose mass REACHES p includes the token that gets it there)",
+     "drops_crossing"),
+    ("top-p must keep the token that crosses top_p: keep a token while the mass of the tokens strictly more likely "
+     "than it is still below top_p (the smallest set whose mass REACHES p includes the token that gets it there)",
+     "drops_crossing_keeps_one"),
+    ("every row has its own settings: row i uses temperature[i], top_k[i], top_p[i] and min_p[i] (you applied one "
+     "row's settings to the whole batch)", "row0"),
+    ("apply the temperature first: min-p and top-p must look at the distribution of logits / T, not of the raw "
+     "logits (vLLM's order: temperature -> min-p -> top-k -> top-p)", "raw"),
+    ("divide the logits by the temperature (logits / T: T < 1 sharpens, T > 1 flattens)", "multiply"),
+    ("divide each row's logits by its temperature", "no_temperature"),
+    ("min-p compares probabilities, not logits: drop token i when p_i < min_p * p_top (equivalently "
+     "logit_i / T < max_j logit_j / T + log(min_p))", "min_p_on_logits"),
+    ("top-k keeps k tokens: you keep k - 1 (an off-by-one on the k-th largest value)", "k_minus_one"),
+    ("top-k keeps k tokens: you keep k + 1 (an off-by-one on the k-th largest value)", "k_plus_one"),
+    ("tokens tied with the k-th largest logit all stay (keep every token whose logit >= the k-th largest value), "
+     "so top-k may keep more than k tokens", "k_no_ties"),
+    ("top_k <= 0 (0 or -1) means top-k is off: keep every token, not none", "k_zero_keeps_none"),
+    ("top-p measures mass over what min-p and top-k left, renormalized (softmax of the surviving logits), not over "
+     "the full distribution", "top_p_full_mass"),
+    ("apply min-p before top-k and top-p (vLLM's order: temperature -> min-p -> top-k -> top-p): top-p measures "
+     "the mass of what min-p left", "min_p_last"),
+]
+
+
+def _mistaken(case, mistake):
+    """A predicate: does a result (float64 [B, V]) match this mistake on `case`?"""
+    logits, T, K, P, M = _lists(case)
+    if mistake == "row0":
+        expected = [reference_row(row, T[0], K[0], P[0], M[0]) for row in logits]
+    elif mistake == "k_no_ties":
+        def exactly_k(out):          # exactly k tokens, all at least as likely as the k-th (ties cut arbitrarily)
+            for i, row in enumerate(logits):
+                kept = torch.isfinite(out[i])
+                k = K[i] if 0 < K[i] < len(row) else len(row)
+                x = torch.tensor(row, dtype=torch.float64)
+                kth = x.sort(descending=True).values[k - 1]
+                if int(kept.sum()) != k or bool((x[kept] < kth).any()) or bool((x[~kept] > kth).any()):
+                    return False
+            return True
+        return exactly_k
+    else:
+        expected = [_mistaken_row(row, T[i], K[i], P[i], M[i], mistake) for i, row in enumerate(logits)]
+    return lambda out: _mismatch(out, expected) is None
+
+
+# --------------------------------------------------------------------------- lab06_1 cases
+
+def _lists(case):
+    """A case -> (logits rows, temperatures, top_ks, top_ps, min_ps) as plain Python values (float32-exact)."""
+    if case[0] == "rows":
+        _, logits, T, K, P, M = case
+        x = torch.tensor(logits, dtype=torch.float32)
+    else:
+        _, seed, V, scale, ties, offsets, T, K, P, M = case
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(len(T), V, generator=g) * scale
+        if ties:
+            x = torch.round(x)                         # a coarse grid: many exactly equal logits
+        x = x + torch.tensor(offsets, dtype=torch.float32)[:, None]
+    f32 = lambda vs: torch.tensor(vs, dtype=torch.float32).tolist()  # noqa: E731
+    return x.tolist(), f32(T), [int(k) for k in K], f32(P), f32(M)
+
+
+def _tensors(case):
+    logits, T, K, P, M = _lists(case)
+    return (torch.tensor(logits, dtype=torch.float32), torch.tensor(T, dtype=torch.float32),
+            torch.tensor(K, dtype=torch.int64), torch.tensor(P, dtype=torch.float32),
+            torch.tensor(M, dtype=torch.float32))
+
+
+@st.composite
+def _process_cases(draw):
+    B = draw(st.integers(1, 5))
+    V = draw(st.sampled_from([3, 2, 8, 33, 64, 300]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.sampled_from([1.0, 0.3, 3.0, 8.0]))
+    ties = draw(st.booleans())
+    offsets = [draw(st.sampled_from([0.0, 0.0, 0.0, -1000.0, 90.0])) for _ in range(B)]
+    T = [draw(st.sampled_from([1.0, 0.7, 0.3, 1.5, 4.0, 0.05]) | st.floats(0.05, 5.0)) for _ in range(B)]
+    K = [draw(st.sampled_from([0, 0, -1, 1, 2, 3, 5, V - 1, V, V + 7]) | st.integers(0, V + 2)) for _ in range(B)]
+    P = [draw(st.sampled_from([1.0, 1.0, 0.9, 0.95, 0.6, 0.3, 0.05]) | st.floats(0.01, 1.0))
+         for _ in range(B)]
+    M = [draw(st.sampled_from([0.0, 0.0, 0.0, 0.05, 0.1, 0.5, 1.0]) | st.floats(0.0, 1.0))
+         for _ in range(B)]
+    return ("seeded", seed, V, scale, ties, offsets, T, K, P, M)
+
+
+# Hand-picked cases for the known traps (they also serve as the diagnosis probes).
+_LN = lambda *ps: [math.log(p) for p in ps]  # noqa: E731
+_CASE_CROSSING = ("rows", [_LN(0.5, 0.3, 0.2)], [1.0], [0], [0.6], [0.0])
+_CASE_TEMPERATURE_FIRST = ("rows", [[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0]], [0.5, 2.0], [0, 0], [0.8, 1.0],
+                           [0.0, 0.5])
+_CASE_PER_ROW = ("rows", [[1.5, 1.0, 0.2, -0.3, -1.0]] * 4, [1.0, 1.0, 1.0, 0.5], [0, 1, 0, 0], [1.0, 1.0, 0.5, 1.0],
+                 [0.0, 0.0, 0.0, 0.3])
+_CASE_MIN_P = ("rows", [[3.0, 2.5, 1.0, 0.5]], [1.0], [0], [1.0], [0.1])
+_CASE_TOP_K = ("rows", [[3.0, 2.0, 2.0, 1.0, 0.0]] * 5, [1.0] * 5, [2, 0, -1, 5, 1], [1.0] * 5, [0.0] * 5)
+_CASE_TOP_P_AFTER_TOP_K = ("rows", [_LN(0.45, 0.3, 0.25)], [1.0], [2], [0.5], [0.0])
+_CASE_MIN_P_BEFORE_TOP_P = ("rows", [_LN(0.4, 0.22, 0.16, 0.13, 0.09)], [1.0], [0], [0.6], [0.5])
+_CASE_MAGNITUDES = ("rows", [[-1000.0, -1001.0, -1002.5, -1000.7], [90.0, 89.0, 87.5, 89.3]], [0.3, 0.3], [0, 3],
+                    [0.9, 0.95], [0.05, 0.0])
+_CASE_MIXED = ("seeded", 1, 12, 2.0, False, [0.0] * 4, [0.7, 1.5, 0.5, 1.0], [0, 3, 0, 5], [0.8, 1.0, 1.0, 0.6],
+               [0.0, 0.0, 0.2, 0.05])
+_PROBES = [_CASE_CROSSING, _CASE_TEMPERATURE_FIRST, _CASE_PER_ROW, _CASE_MIN_P, _CASE_TOP_K, _CASE_TOP_P_AFTER_TOP_K,
+           _CASE_MIN_P_BEFORE_TOP_P, _CASE_MIXED]
+
+
+# --------------------------------------------------------------------------- lab06_1 comparing
+
+def _ids(s, limit: int = 10) -> str:
+    s = sorted(s)
+    return "[" + ", ".join(map(str, s[:limit])) + (f", ... ({len(s)} tokens)" if len(s) > limit else "") + "]"
+
+
+def _read_result(out, B: int, V: int) -> torch.Tensor:
+    """The learner's result as a float64 tensor, after the checks of its form."""
+    __tracebackhide__ = True
+    t = as_tensor(out, "process_logits's result")
+    check(tuple(t.shape) == (B, V), f"process_logits must return a tensor of shape [B, V] = [{B}, {V}] (the logits "
+                                    f"of every row), got shape {list(t.shape)}")
+    check(t.dtype in (torch.float32, torch.float64),
+          f"process_logits must return float32 logits (like its input), got {t.dtype}")
+    return t.double()
+
+
+def _mismatch(t: torch.Tensor, expected: list, settings=None) -> str | None:
+    """None when every row of t (float64 [B, V]) keeps what `expected` keeps with the same distribution."""
+    for i, e in enumerate(expected):
+        row = t[i]
+        where = f"row {i}"
+        if settings is not None:
+            T, K, P, M = settings
+            where += f" (temperature={T[i]:g}, top_k={K[i]}, top_p={P[i]:g}, min_p={M[i]:g})"
+        if bool(torch.isnan(row).any()):
+            return f"{where} contains NaN"
+        if bool((row == float("inf")).any()):
+            return f"{where} contains +inf"
+        kept = frozenset(torch.isfinite(row).nonzero().flatten().tolist())
+        if not kept:
+            return f"{where}: every token was dropped (all -inf); at least the most likely token always stays"
+        if (kept ^ e.keep) - e.free:
+            extra, missing = sorted((kept - e.keep) - e.free), sorted((e.keep - kept) - e.free)
+            what = "; ".join(s for s in (f"keeps {_ids(extra)} that should be dropped" if extra else "",
+                                         f"drops {_ids(missing)} that should stay" if missing else "") if s)
+            return f"{where} keeps tokens {_ids(kept)}, expected {_ids(e.keep)}: it {what}"
+        if e.reach is not None and e.keep - kept:
+            pool, top_p = e.reach
+            p = _softmax({j: e.x[j] for j in pool})
+            mass = sum(p[j] for j in kept & pool)
+            if mass < top_p - 1e-4:
+                return (f"{where} keeps tokens {_ids(kept)} whose mass {mass:.6g} does not reach top_p: of tokens "
+                        f"tied at the cut, keep as many as it takes to reach top_p")
+        want = _softmax({j: e.x[j] for j in kept})
+        probs = torch.softmax(row, -1)
+        for j in sorted(kept):
+            got = float(probs[j])
+            if abs(got - want[j]) > 1e-7 + e.rtol * want[j]:
+                return (f"{where} keeps the right tokens but softmax(result) gives token {j} probability {got:.6g}, "
+                        f"expected {want[j]:.6g} (softmax of logits / T over the kept tokens)")
+    return None
+
+
+def _settings(case):
+    _, T, K, P, M = _lists(case)
+    return T, K, P, M
+
+
+def _call_process(fn, case) -> torch.Tensor:
+    """Call the learner's function on fresh tensors of the case; its result as float64 (form checked)."""
+    logits, *rest = _tensors(case)
+    return _read_result(fn(logits.clone(), *[r.clone() for r in rest]), *logits.shape)
+
+
+def _diagnose_process(fn, case) -> str | None:
+    def learner(c):
+        try:
+            return _call_process(fn, c)
+        except GradingError:
+            return None
+
+    variants = [(why, (lambda m: lambda c: _mistaken(c, m))(m)) for why, m in _PROCESS_MISTAKES]
+    return diagnose(learner, variants, [(case,)] + [(p,) for p in _PROBES],
+                    lambda out, matches: out is not None and matches(out))
+
+
+def _form_mistake(t: torch.Tensor, expected: list) -> str | None:
+    """Returned probabilities, or a big negative number instead of -inf."""
+    if not bool(torch.isfinite(t).all()):
+        return None
+    sums = t.sum(-1)
+    if bool(((t >= 0) & (t <= 1)).all()) and bool(((sums - 1).abs() < 1e-3).all()):
+        return ("you returned probabilities: return LOGITS, with -inf for every dropped token (the Sampler applies "
+                "the softmax itself, and -inf is how a dropped token is told apart)")
+    should_drop = [(i, j) for i, e in enumerate(expected) for j in range(t.shape[1])
+                   if j not in e.keep and j not in e.free]
+    if not should_drop:
+        return None
+    vals = [float(t[i, j]) for i, j in should_drop]
+    if max(vals) < -1e4:
+        return (f"dropped tokens must be exactly -inf, got {min(vals):g} (e.g. row {should_drop[0][0]}, token "
+                f"{should_drop[0][1]}): use float('-inf') in masked_fill, not a large negative number")
+    return None
+
+
+def verify_lab06_1(process_logits):
+    @given(case=_process_cases())
+    @example(case=_CASE_CROSSING)                 # top-p keeps the crossing token
+    @example(case=_CASE_TEMPERATURE_FIRST)        # temperature before min-p / top-p
+    @example(case=_CASE_PER_ROW)                  # each row its own settings
+    @example(case=_CASE_MIN_P)                    # min-p on probabilities, not logits
+    @example(case=_CASE_TOP_K)                    # ties at the k-th value; 0 / -1 / V mean off; k = 1
+    @example(case=_CASE_TOP_P_AFTER_TOP_K)        # top-p over what top-k left, renormalized
+    @example(case=_CASE_MIN_P_BEFORE_TOP_P)       # min-p before top-p
+    @example(case=_CASE_MAGNITUDES)               # logits around -1000 and +90, T = 0.3: exp() must not overflow
+    @example(case=_CASE_MIXED)
+    def prop(case):
+        logits, T, K, P, M = _tensors(case)
+        expected = reference_process_logits(logits, T, K, P, M)
+        assume(not any(e.fragile for e in expected))
+        out = process_logits(logits.clone(), T.clone(), K.clone(), P.clone(), M.clone())
+        t = _read_result(out, *logits.shape)
+        why = _mismatch(t, expected, _settings(case))
+        if why is None:
+            return
+        form = _form_mistake(t, expected)
+        if form:
+            fail(f"{why} — {form}")
+        if "NaN" in why or "+inf" in why:
+            fail(f"{why}: exp() of large logits overflows (and -inf - (-inf) is NaN) — subtract each row's "
+                 "maximum before exp, or use torch.softmax / log_softmax, which do")
+        diagnosis = _diagnose_process(process_logits, case)
+        fail(why + (f" — {diagnosis}" if diagnosis else ""))
+
+    run_property(prop, max_examples=120,
+                 hint="per row: x = logits / T; min-p drops p_i < min_p * max p; top-k drops logits below the k-th "
+                      "largest (k <= 0 or >= V: off); top-p sorts what is left, takes its softmax and keeps a token "
+                      "while the mass strictly before it is < top_p (top_p = 1: off); dropped tokens = -inf. Work on "
+                      "[B, 1] columns (temperature[:, None], ...) so each row uses its own settings.")
+    _inside_the_sampler(process_logits)
+
+
+def _inside_the_sampler(process_logits) -> None:
+    """The function as minillm's Sampler calls it (its ProcessFn seam): only the sampled rows, columns it builds
+    from SamplingParams (top_k = -1 included); greedy rows never reach it."""
+    __tracebackhide__ = True
+    params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.3, top_k=-1, min_p=0.05), SamplingParams(temperature=0.5, top_k=4)]
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(6)) * 3
+    batch = SamplingBatch(params, [None] * 4, [[]] * 4, [[]] * 4)
+    try:
+        probs = Sampler(process_fn=process_logits).probs(logits.clone(), batch)
+    except (GradingError, NotImplementedError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        fail(f"inside minillm's Sampler (Sampler(process_fn=process_logits).probs), your process_logits raised "
+             f"{type(e).__name__}: {e}", "it receives logits [n, V] float32 for the n sampled rows, temperature, "
+                                         "top_p and min_p float32 [n], top_k int64 [n] (0 or -1 when off).")
+    for i, p in enumerate(params):
+        if p.greedy:
+            continue
+        e = reference_row(logits[i].tolist(), p.temperature, p.top_k, p.top_p, p.min_p)
+        dist = _softmax({j: e.x[j] for j in e.keep})
+        for j in range(logits.shape[1]):
+            want = dist.get(j, 0.0)
+            check(abs(float(probs[i, j]) - want) <= 1e-6 + 1e-4 * want,
+                  f"inside minillm's Sampler, row {i} ({p.temperature=}, {p.top_k=}, {p.top_p=}, {p.min_p=}) gets "
+                  f"probability {float(probs[i, j]):.6g} for token {j}, expected {want:.6g}")
+
+
+# --------------------------------------------------------------------------- lab06_2 the draw
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _draw(draw, probs: torch.Tensor, generators: list, what: str = "draw's result") -> torch.Tensor:
+    """Call the learner's draw; its tokens after the checks of their form."""
+    __tracebackhide__ = True
+    B, V = probs.shape
+    t = as_tensor(draw(probs.clone(), list(generators)), what)
+    if tuple(t.shape) != (B,):
+        hint = (" — torch.multinomial returns [B, 1] (one column per sample): take [:, 0]"
+                if tuple(t.shape) == (B, 1) else "")
+        fail(f"draw must return one token id per row, a tensor of shape [{B}], got shape {list(t.shape)}{hint}")
+    check(t.dtype == torch.int64, f"draw must return token ids as an int64 (torch.long) tensor, got {t.dtype}")
+    bad = ((t < 0) | (t >= V)).nonzero().flatten().tolist()
+    if bad:
+        tok = int(t[bad[0]])
+        why = (" — one past the last id: an index + 1, or an inverse CDF whose random number reached the last "
+               "cumulative sum (a float32 cumsum may end a little below 1: scale u by the total, or clamp)"
+               if tok == V else "")
+        fail(f"draw returned token id {tok} for row {bad[0]}: ids must be in [0, V) = [0, {V}){why}")
+    return t
+
+
+def _one_hot_rows(draw) -> None:
+    """A row whose probability is all on one token must give that token, first and last ids included."""
+    V, hot = 9, [0, 8, 4, 4, 2, 7, 1]
+    probs = torch.zeros(len(hot), V)
+    probs[torch.arange(len(hot)), torch.tensor(hot)] = 1.0
+    gens = [_gen(11), None, _gen(12), None, _gen(13), _gen(14), None]
+    got = _draw(draw, probs, gens).tolist()
+    if got == hot:
+        return
+    i = next(i for i, (a, b) in enumerate(zip(got, hot)) if a != b)
+    why = ""
+    if all(g == h + 1 for g, h in zip(got, hot) if h + 1 < V):
+        why = (" — you return the token AFTER the one your draw lands on (an index + 1, or searchsorted over a "
+               "CDF that starts with a 0)")
+    elif all(g == h - 1 for g, h in zip(got, hot) if h > 0):
+        why = " — you return the token BEFORE the one your draw lands on (an index - 1)"
+    fail(f"row {i} has all its probability on token {hot[i]} (probs = one-hot, V = {V}), but draw returned "
+         f"token {got[i]}; all rows: expected {hot}, got {got}{why}",
+         "draw token j with probability probs[i, j]: torch.multinomial(probs[i], 1, generator=generators[i]), or an "
+         "inverse CDF: the first j with cumsum[j] > u * total.")
+
+
+def _distributions(V: int = 50) -> torch.Tensor:
+    """The four distributions the counts are tested against (float32 rows, as softmax makes them)."""
+    d = torch.zeros(4, V)
+    d[0, :5] = torch.tensor([0.4, 0.3, 0.2, 0.07, 0.03])
+    d[1, 1], d[1, 3], d[1, V - 1] = 0.5, 0.25, 0.25                # zeros in between, the last id likely
+    g = _gen(2024)
+    d[2] = (torch.randn(V, generator=g) * 1.5).softmax(-1)
+    x = torch.randn(V, generator=g) * 3
+    d[3] = x.masked_fill(x < x.topk(10).values[-1], NEG_INF).softmax(-1)    # what top-k leaves: 10 tokens
+    return d
+
+
+ROWS_PER_KIND = 256       # rows per distribution and kind of generator (seeded / None) in each call
+CALLS = 12                # calls with the same (persistent) generators: 256 x 12 = 3,072 draws per cell
+P_MIN = 1e-6              # every chi-square p-value must exceed this
+
+
+def _counts_check(draw) -> None:
+    """Pearson chi-square of the counts against probs, seeded rows (one generator per row, persistent across calls)
+    and unseeded rows (torch's global generator, seeded here) tested apart."""
+    dists = _distributions()
+    n = len(dists)
+    V = dists.shape[1]
+    # rows: for each distribution ROWS_PER_KIND seeded then ROWS_PER_KIND unseeded, interleaved across distributions
+    which = torch.arange(n).repeat_interleave(2 * ROWS_PER_KIND)
+    seeded = torch.arange(2 * ROWS_PER_KIND).repeat(n) < ROWS_PER_KIND
+    order = torch.randperm(len(which), generator=_gen(7))           # rows of one kind are not adjacent
+    which, seeded = which[order], seeded[order]
+    probs = dists[which]
+    gens = [_gen(10_000 + i) if bool(s) else None for i, s in enumerate(seeded)]
+    torch.manual_seed(1234)
+    draws = torch.stack([_draw(draw, probs, gens) for _ in range(CALLS)])          # [CALLS, rows]
+    for d in range(n):
+        for kind, mask in (("seeded", seeded), ("unseeded (generator None)", ~seeded)):
+            rows = (which == d) & mask
+            toks = draws[:, rows].flatten()
+            counts = torch.bincount(toks, minlength=V)
+            p = dists[d].double()
+            zero = ((p == 0) & (counts > 0)).nonzero().flatten().tolist()
+            if zero:
+                fail(f"draw returned token {zero[0]} {int(counts[zero[0]])} times out of {len(toks)} for "
+                     f"{kind} rows of a distribution that gives it probability 0 "
+                     f"(support {(p > 0).nonzero().flatten().tolist()[:12]})" + _count_why(counts, p, draws, rows,
+                                                                                      seeded, probs),
+                     "a token of probability 0 (dropped by top-k / top-p) must never come out.")
+            test = chi_square(counts, p)
+            if test.p_value <= P_MIN:
+                top = p.argsort(descending=True)[:5].tolist()
+                shown = ", ".join(f"{j}: {float(p[j]) * len(toks):.0f} vs {int(counts[j])}" for j in top)
+                fail(f"the tokens draw returns do not follow probs: for {kind} rows of distribution {d} "
+                     f"({len(toks)} draws, seeds fixed), Pearson chi-square = {test.statistic:.1f} with {test.dof} "
+                     f"degrees of freedom, p = {test.p_value:.2g} (must be > {P_MIN:g}); expected vs observed "
+                     f"counts of the likeliest tokens: {shown}" + _count_why(counts, p, draws, rows, seeded, probs),
+                     "draw token j of row i with probability probs[i, j] exactly (probs are already normalized: no "
+                     "softmax, no power), a fresh random number for every row and every call.")
+
+
+def _count_why(counts, p, draws, rows, seeded, probs) -> str:
+    """Name the known mistake behind counts that do not follow p (empty when none fits)."""
+    toks = draws[:, rows]
+    if bool((toks == probs[rows].argmax(-1)[None]).all()):
+        return " — every draw is the most likely token: that is argmax (greedy), not sampling"
+    fits = lambda q: chi_square(counts, q / q.sum()).p_value > 1e-3   # noqa: E731
+    if fits(p ** 2):
+        return " — the counts follow probs squared (p_j^2 / sum): draw from probs itself"
+    if fits(p.exp()):
+        return " — the counts follow softmax(probs): probs are probabilities already, don't apply softmax again"
+    shifted_up, shifted_down = torch.zeros_like(p), torch.zeros_like(p)
+    shifted_up[1:], shifted_down[:-1] = p[:-1], p[1:]
+    if shifted_up.sum() > 0.99 and fits(shifted_up):
+        return " — you return the token after the one drawn (index + 1: a CDF that starts with a 0?)"
+    if shifted_down.sum() > 0.99 and fits(shifted_down):
+        return " — you return the token before the one drawn (index - 1)"
+    seeded_rows = rows & seeded
+    if bool(seeded_rows.any()):
+        per_row = draws[:, seeded_rows]
+        if float((per_row == per_row[0:1]).all(0).float().mean()) > 0.9:
+            return (" — a seeded row gives the same token on every call: its generator must advance (draw FROM "
+                    "generators[i]; don't make a new generator from its seed each time)")
+    return ""
+
+
+def _row_tokens(draw, probs, gens, calls: int, global_seed: int) -> torch.Tensor:
+    """[calls, B] tokens over successive calls with the same generators, after seeding torch's global RNG."""
+    torch.manual_seed(global_seed)
+    return torch.stack([_draw(draw, probs, gens) for _ in range(calls)])
+
+
+@st.composite
+def _draw_rows(draw, max_rows: int = 5):
+    V = draw(st.sampled_from([2, 5, 50, 1000]))
+    B = draw(st.integers(1, max_rows))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = _gen(seed)
+    x = torch.randn(B, V, generator=g) * draw(st.sampled_from([1.0, 3.0, 0.3]))
+    if draw(st.booleans()):                                          # some zeros, as top-k / top-p leave them
+        keep = torch.rand(B, V, generator=g) < 0.5
+        keep[torch.arange(B), x.argmax(-1)] = True
+        x = x.masked_fill(~keep, NEG_INF)
+    seeds = draw(st.lists(st.none() | st.integers(0, 2**40), min_size=B, max_size=B))
+    return x.softmax(-1), seeds
+
+
+def verify_lab06_2(draw):
+    with torch.random.fork_rng(devices=[]):              # the notebook's global RNG is left as it was
+        _one_hot_rows(draw)
+        _counts_check(draw)
+        _reproducible(draw)
+        _independent(draw)
+        _inside_the_sampler_draw(draw)
+
+
+def _reproducible(draw) -> None:
+    @given(rows=_draw_rows(), globals_=st.tuples(st.integers(0, 1000), st.integers(1001, 2000)))
+    @example(rows=(torch.full((3, 4), 0.25), [1, 2, 3]), globals_=(0, 1))
+    def prop(rows, globals_):
+        probs, seeds = rows
+        seeds = [s if s is not None else 99 + i for i, s in enumerate(seeds)]     # every row seeded here
+        first = _row_tokens(draw, probs, [_gen(s) for s in seeds], 3, globals_[0])
+        again = _row_tokens(draw, probs, [_gen(s) for s in seeds], 3, globals_[1])
+        if not torch.equal(first, again):
+            i = int((first != again).any(0).nonzero()[0])
+            fail(f"the same seeds gave different tokens: row {i} (seed {seeds[i]}) drew {first[:, i].tolist()} over "
+                 f"3 calls, then {again[:, i].tolist()} with fresh generators of the same seeds (torch's global RNG "
+                 "seeded differently in between) — a seeded row must draw from its own generator, generators[i], "
+                 "never from torch's global one")
+
+    run_property(prop, max_examples=30,
+                 hint="pass generator=generators[i] to every random call for row i (torch.multinomial, torch.rand, "
+                      "Tensor.exponential_, ...).")
+
+
+def _independent(draw) -> None:
+    @given(rows=_draw_rows(max_rows=6), at=st.integers(0, 5), seed=st.integers(0, 2**40),
+           globals_=st.tuples(st.integers(0, 1000), st.integers(1001, 2000)))
+    @example(rows=(torch.full((3, 4), 0.25), [None, 5, None]), at=1, seed=3, globals_=(0, 1))
+    @example(rows=(torch.full((2, 6), 1 / 6), [None, None]), at=1, seed=8, globals_=(2, 3))
+    def prop(rows, at, seed, globals_):
+        probs, seeds = rows
+        at = at % probs.shape[0]
+        alone = _row_tokens(draw, probs[at:at + 1], [_gen(seed)], 3, globals_[0])[:, 0]
+        gens = [_gen(s) if s is not None else None for s in seeds]
+        gens[at] = _gen(seed)
+        inside = _row_tokens(draw, probs, gens, 3, globals_[1])[:, at]
+        if not torch.equal(alone, inside):
+            others = ", ".join("None" if s is None else f"seed {s}" for j, s in enumerate(seeds) if j != at)
+            fail(f"a seeded row's tokens depend on the rest of the batch: alone, a row with seed {seed} drew "
+                 f"{alone.tolist()} over 3 calls; at position {at} of a batch of {probs.shape[0]} (the other rows' "
+                 f"generators: {others or 'none'}; torch's global RNG seeded differently) it drew {inside.tolist()}"
+                 + _independence_why(draw),
+                 "row i must use generators[i] and nothing else: not generators[0] for the whole batch, not one "
+                 "torch.multinomial over all rows (that uses a single generator), and the global RNG only for "
+                 "rows whose generator is None.")
+
+    run_property(prop, max_examples=40)
+
+
+def _independence_why(draw) -> str:
+    probs = torch.full((2, 16), 1.0 / 16)
+
+    def second_row(seed0, seed1):
+        torch.manual_seed(0)
+        g0, g1 = _gen(seed0), _gen(seed1)
+        return torch.stack([_draw(draw, probs, [g0, g1]) for _ in range(8)])[:, 1].tolist()
+    try:
+        if second_row(1, 2) != second_row(3, 2) and second_row(1, 2) == second_row(1, 4):
+            return " — row 1 follows generators[0] and ignores generators[1]: you draw every row with generators[0]"
+        if second_row(1, 2) != second_row(3, 2):
+            return " — row 1's tokens change when generators[0] changes"
+    except GradingError:
+        pass
+    return ""
+
+
+def _inside_the_sampler_draw(draw) -> None:
+    """draw as minillm's Sampler calls it (its DrawFn seam): only the sampled rows, each with its request's
+    generator; greedy rows never reach it."""
+    __tracebackhide__ = True
+    params = [SamplingParams(temperature=1.0, seed=4), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, seed=9)]
+    logits = torch.tensor([[0.0, 1.0, 2.0, NEG_INF], [0.0, 3.0, 1.0, 2.0], [5.0, 4.0, 0.0, 0.0],
+                           [NEG_INF, NEG_INF, 0.0, 0.0]])
+    sampler = Sampler(process_fn=lambda x, t, k, p, m: x, draw_fn=draw)
+    for _ in range(20):
+        batch = SamplingBatch(params, [_gen(4), None, None, _gen(9)], [[]] * 4, [[]] * 4)
+        try:
+            tokens = sampler(logits.clone(), batch).token_ids
+        except (GradingError, NotImplementedError):
+            raise
+        except Exception as e:  # noqa: BLE001
+            fail(f"inside minillm's Sampler (Sampler(draw_fn=draw)), your draw raised {type(e).__name__}: {e}",
+                 "it receives probs [n, V] float32 for the n sampled rows and a list of n generators (None: torch's "
+                 "global one).")
+        check(tokens[1] == 1 and tokens[0] in (0, 1, 2) and tokens[3] in (2, 3),
+              f"inside minillm's Sampler the batch drew {tokens}; row 0 must be one of 0, 1, 2 (token 3 has "
+              f"probability 0), row 1 is greedy (token 1), row 3 one of 2, 3")
+
+
+# --------------------------------------------------------------------------- the tasks
+
+TASKS = {t.id: t for t in (
+    Task("lab06_1", what="process_logits", verify=verify_lab06_1,
+         engine=minillm_objects("minillm.sampling.processors:process_logits",
+                                "minillm.sampling.processors:apply_temperature",
+                                "minillm.sampling.processors:apply_min_p",
+                                "minillm.sampling.processors:apply_top_k",
+                                "minillm.sampling.processors:apply_top_p"),
+         oracles=lambda: [reference_process_logits, reference_row]),
+    Task("lab06_2", what="draw", verify=verify_lab06_2,
+         engine=minillm_objects("minillm.sampling.sampler:draw")),
+)}
+
+
+check_lab06_1 = TASKS["lab06_1"].checker(
+    'process_logits(logits [B, V], temperature [B], top_k [B], top_p [B], min_p [B]) -> logits [B, V], dropped = '
+    '-inf; per row: temperature -> min-p -> top-k -> top-p.')
+check_lab06_2 = TASKS["lab06_2"].checker(
+    'draw(probs [B, V], generators: list of B torch.Generator | None) -> int64 [B], row i drawn with generators[i].')
+
+
+seal(globals())
