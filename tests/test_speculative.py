@@ -410,6 +410,7 @@ def hf_dir(tmp_path, name: str, seed: int, tokens: list[str]):
     return path
 
 
+@pytest.mark.slow
 def test_a_draft_model_from_disk_drafts_and_a_mismatched_vocabulary_is_refused_at_start_up(tmp_path):
     from minillm.loading.loader import load_model
     words = [f"w{i}" for i in range(128)]

@@ -140,19 +140,24 @@ def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
         best = max(judge[i] for i in ids)
         return {i for i in ids if math.exp(judge[i] - best) >= m}
 
+    free = set()
+
     def top_k_step(ids):
         kk = k
         if kk <= 0 and mistake == "k_zero_keeps_none":
             return set()
         if not 0 < kk < V:
-            return ids
-        kk = {"k_minus_one": kk - 1, "k_plus_one": kk + 1}.get(mistake, kk)
+            if mistake != "k_minus_one_everywhere":
+                return ids
+            kk = V
+        kk = {"k_minus_one": kk - 1, "k_minus_one_everywhere": kk - 1, "k_plus_one": kk + 1}.get(mistake, kk)
         ranked = sorted(ids, key=lambda i: (-judge[i], i))
         if kk <= 0:
             return set()
-        if mistake == "k_no_ties":
-            return set(ranked[:kk])
         kth = judge[ranked[min(kk, len(ranked)) - 1]]
+        if mistake == "k_no_ties":         # exactly k: which of the tokens tied at the k-th value is arbitrary
+            free.update(i for i in ids if judge[i] == kth)
+            return set(ranked[:kk])
         return {i for i in ids if judge[i] >= kth}
 
     def top_p_step(ids, mass_over):
@@ -178,7 +183,7 @@ def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
         alive = min_p_step(alive)
         alive = top_k_step(alive)
         alive = top_p_step(alive, set(x) if mistake == "top_p_full_mass" else alive)
-    return Expected(frozenset(alive), x)
+    return Expected(frozenset(alive), x, frozenset(free))
 
 
 _PROCESS_MISTAKES = [
@@ -197,6 +202,7 @@ _PROCESS_MISTAKES = [
     ("min-p compares probabilities, not logits: drop token i when p_i < min_p * p_top (equivalently "
      "logit_i / T < max_j logit_j / T + log(min_p))", "min_p_on_logits"),
     ("top-k keeps k tokens: you keep k - 1 (an off-by-one on the k-th largest value)", "k_minus_one"),
+    ("top-k keeps k tokens: you keep k - 1 (an off-by-one on the k-th largest value)", "k_minus_one_everywhere"),
     ("top-k keeps k tokens: you keep k + 1 (an off-by-one on the k-th largest value)", "k_plus_one"),
     ("tokens tied with the k-th largest logit all stay (keep every token whose logit >= the k-th largest value), "
      "so top-k may keep more than k tokens", "k_no_ties"),
@@ -213,17 +219,6 @@ def _mistaken(case, mistake):
     logits, T, K, P, M = _lists(case)
     if mistake == "row0":
         expected = [reference_row(row, T[0], K[0], P[0], M[0]) for row in logits]
-    elif mistake == "k_no_ties":
-        def exactly_k(out):          # exactly k tokens, all at least as likely as the k-th (ties cut arbitrarily)
-            for i, row in enumerate(logits):
-                kept = torch.isfinite(out[i])
-                k = K[i] if 0 < K[i] < len(row) else len(row)
-                x = torch.tensor(row, dtype=torch.float64)
-                kth = x.sort(descending=True).values[k - 1]
-                if int(kept.sum()) != k or bool((x[kept] < kth).any()) or bool((x[~kept] > kth).any()):
-                    return False
-            return True
-        return exactly_k
     else:
         expected = [_mistaken_row(row, T[i], K[i], P[i], M[i], mistake) for i, row in enumerate(logits)]
     return lambda out: _mismatch(out, expected) is None
@@ -272,7 +267,7 @@ def _process_cases(draw):
 
 
 # Hand-picked cases for the known traps (they also serve as the diagnosis probes).
-_LN = lambda *ps: [math.log(p) for p in ps]  # noqa: E731
+_LN = lambda *ps: [3 + math.log(p) for p in ps]  # noqa: E731   (logits of these probabilities, all positive)
 _CASE_CROSSING = ("rows", [_LN(0.5, 0.3, 0.2)], [1.0], [0], [0.6], [0.0])
 _CASE_TEMPERATURE_FIRST = ("rows", [[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0]], [0.5, 2.0], [0, 0], [0.8, 1.0],
                            [0.0, 0.5])
@@ -322,6 +317,8 @@ def _mismatch(t: torch.Tensor, expected: list, settings=None) -> str | None:
             return f"{where} contains +inf"
         kept = frozenset(torch.isfinite(row).nonzero().flatten().tolist())
         if not kept:
+            if not e.keep:                 # only a mistaken variant expects this
+                continue
             return f"{where}: every token was dropped (all -inf); at least the most likely token always stays"
         if (kept ^ e.keep) - e.free:
             extra, missing = sorted((kept - e.keep) - e.free), sorted((e.keep - kept) - e.free)
@@ -366,6 +363,24 @@ def _diagnose_process(fn, case) -> str | None:
     variants = [(why, (lambda m: lambda c: _mistaken(c, m))(m)) for why, m in _PROCESS_MISTAKES]
     return diagnose(learner, variants, [(case,)] + [(p,) for p in _PROBES],
                     lambda out, matches: out is not None and matches(out))
+
+
+def _shift_mistake(fn, case) -> str | None:
+    """Logits in the hundreds or thousands: does the answer become right once each row is shifted to max 0?"""
+    logits, T, K, P, M = _lists(case)
+    if max(abs(v) for row in logits for v in row) < 40:
+        return None
+    shifted = ("rows", [[v - max(row) for v in row] for row in logits], T, K, P, M)
+    expected = reference_process_logits(*_tensors(shifted))
+    try:
+        ok = not any(e.fragile for e in expected) and _mismatch(_call_process(fn, shifted), expected) is None
+    except Exception:  # noqa: BLE001
+        return None
+    if ok:
+        return ("your answer is right once each row's logits are shifted to a maximum of 0, but adding a constant to a "
+                "row must change nothing: with logits this large, exp() overflows (or underflows to 0/0) — subtract "
+                "each row's maximum before exp, or use torch.softmax / log_softmax, which do")
+    return None
 
 
 def _form_mistake(t: torch.Tensor, expected: list) -> str | None:
@@ -413,7 +428,7 @@ def verify_lab06_1(process_logits):
         if "NaN" in why or "+inf" in why:
             fail(f"{why}: exp() of large logits overflows (and -inf - (-inf) is NaN) — subtract each row's "
                  "maximum before exp, or use torch.softmax / log_softmax, which do")
-        diagnosis = _diagnose_process(process_logits, case)
+        diagnosis = _shift_mistake(process_logits, case) or _diagnose_process(process_logits, case)
         fail(why + (f" — {diagnosis}" if diagnosis else ""))
 
     run_property(prop, max_examples=120,
@@ -570,9 +585,10 @@ def _count_why(counts, p, draws, rows, seeded, probs) -> str:
     shifted_up, shifted_down = torch.zeros_like(p), torch.zeros_like(p)
     shifted_up[1:], shifted_down[:-1] = p[:-1], p[1:]
     if shifted_up.sum() > 0.99 and fits(shifted_up):
-        return " — you return the token after the one drawn (index + 1: a CDF that starts with a 0?)"
+        return (" — you return the token AFTER the one your draw lands on (an index + 1, or searchsorted over a "
+                "CDF that starts with a 0)")
     if shifted_down.sum() > 0.99 and fits(shifted_down):
-        return " — you return the token before the one drawn (index - 1)"
+        return " — you return the token BEFORE the one your draw lands on (an index - 1)"
     seeded_rows = rows & seeded
     if bool(seeded_rows.any()):
         per_row = draws[:, seeded_rows]
@@ -605,8 +621,8 @@ def _draw_rows(draw, max_rows: int = 5):
 
 def verify_lab06_2(draw):
     with torch.random.fork_rng(devices=[]):              # the notebook's global RNG is left as it was
-        _one_hot_rows(draw)
         _counts_check(draw)
+        _one_hot_rows(draw)
         _reproducible(draw)
         _independent(draw)
         _inside_the_sampler_draw(draw)
