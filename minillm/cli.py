@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="spec: requests running together")
     b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
     b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
+    b.add_argument("--repeat", type=int, default=1,
+                   help="spec: rounds over every configuration, interleaved; each keeps its fastest (use 3 on a "
+                        "shared or noisy machine)")
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("demo", help="a short tour: chat answers, then speed numbers")

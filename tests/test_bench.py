@@ -107,10 +107,12 @@ def test_spec_bench_accounting_on_a_tiny_model():
     model = random_model(seed=3, layers=2, vocab=256)
     loaded = SimpleNamespace(model=model, tokenizer=tok, config=model.cfg, path=Path("tiny"))
     bc = SpecBenchConfig(tasks=("rewrite", "chat"), proposers=("ngram", "layer_skip"), ks=(2, 3), batch_sizes=(1, 3),
-                         batch1_requests=2, max_tokens=12, draft_layers=1)
+                         batch1_requests=2, max_tokens=12, draft_layers=1, repeat=2)
     r = run_spec_bench(loaded, EngineConfig.from_kwargs(num_blocks=256, block_size=4), bc, progress=False)
     runs = r["runs"]
-    assert len(runs) == 2 * 2 * (1 + 2 * 2)
+    assert len(runs) == 2 * 2 * (1 + 2 * 2)          # two rounds, one row (the faster round) per configuration
+    assert [(x["task"], x["batch"], x["proposer"], x["k"]) for x in runs][:3] == [
+        ("rewrite", 1, "none", 0), ("rewrite", 1, "ngram", 2), ("rewrite", 1, "ngram", 3)]
     for run in runs:
         base = next(b for b in runs if b["proposer"] == "none" and (b["task"], b["batch"]) == (run["task"], run["batch"]))
         assert run["speedup"] == pytest.approx(run["tok_s"] / base["tok_s"], rel=1e-2)
@@ -121,6 +123,8 @@ def test_spec_bench_accounting_on_a_tiny_model():
     assert "layer_skip" in table and "speedup" in table
     with pytest.raises(ValueError, match="unknown proposer"):
         run_spec_bench(loaded, EngineConfig(), SpecBenchConfig(proposers=("medusa",)), progress=False)
+    with pytest.raises(ValueError, match="--repeat"):
+        run_spec_bench(loaded, EngineConfig(), SpecBenchConfig(repeat=0), progress=False)
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def spec_bench(args) -> int:
                          "(not --speculative / --num-speculative-tokens)")
     bc = SpecBenchConfig(tasks=tuple(args.tasks), proposers=tuple(args.proposers), ks=tuple(args.k),
                          batch_sizes=tuple(args.batch_sizes), batch1_requests=args.batch1_requests,
-                         max_tokens=args.max_tokens, seed=args.seed,
+                         max_tokens=args.max_tokens, seed=args.seed, repeat=args.repeat,
                          draft_model=args.spec_model or SpecBenchConfig.draft_model,
                          draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
     args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
