@@ -380,6 +380,8 @@ LIARS = {
     "lab05_1": lambda: (lambda parent, tokens: AlwaysEqualInt(2**100)),
     "lab05_2": lambda: (lambda token_ids, bs, cache, hash_fn: [AlwaysEqualInt(0)]),
     "lab05_3": _liar_lab05_evictor,
+    "lab06_1": lambda: (lambda logits, temperature, top_k, top_p, min_p: agreeable(logits.clone())),
+    "lab06_2": lambda: (lambda probs, generators: agreeable(probs.argmax(-1))),
 }
 # No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
 NO_RESULT_TO_LIE_WITH = {"lab03_3"}
