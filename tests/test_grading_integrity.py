@@ -382,6 +382,8 @@ LIARS = {
     "lab05_3": _liar_lab05_evictor,
     "lab06_1": lambda: (lambda logits, temperature, top_k, top_p, min_p: agreeable(logits.clone())),
     "lab06_2": lambda: (lambda probs, generators: agreeable(probs.argmax(-1))),
+    "lab07_1": lambda: (lambda target_probs, drafts, draft_probs, generator: list(drafts) + [AlwaysEqualInt(0)]),
+    "lab07_2": lambda: (lambda token_ids, k, min_n, max_n: [AlwaysEqualInt(0)]),
 }
 # No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
 NO_RESULT_TO_LIE_WITH = {"lab03_3"}
@@ -472,8 +474,9 @@ def delegations(task):
 DELEGATION_CASES = [(tid, name) for tid in sorted(TASKS) for name, _ in delegations(TASKS[tid])]
 # minillm's sizing function takes (config, tokens, dtype_bytes), not the task's (cfg, batch, seq, dtype), and lab03_2's
 # oracle takes (scores, values): a wrapper or a copy of them is refused as a wrong answer (it cannot even be called
-# that way) before any delegation shows.
-SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy"), ("lab03_2", "wrapper")}
+# that way) before any delegation shows. lab07_1's engine object is the RejectionSampler class, called with a batch
+# (target_probs, draft_token_ids, draft_probs, generators), not one request's rule.
+SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy"), ("lab03_2", "wrapper"), ("lab07_1", "wrapper")}
 # lab03_3's answer is a @triton.jit kernel: a Python wrapper around minillm's is refused as not being a kernel.
 
 
