@@ -97,6 +97,7 @@ def test_graded_cells_are_one_line_calls_of_existing_checkers(lab):
         f"tests/test_grading_{lab}.py must prove the reference passes and wrong implementations fail"
 
 
+@pytest.mark.slow          # nbgrader generate_assignment per lab (~17 s each); the cheap source checks stay fast
 @pytest.mark.parametrize("lab", LABS)
 def test_labs_folder_is_in_sync_with_solutions(lab, tmp_path):
     """Regenerate the release from solutions/ in a throwaway course; it must equal the committed labs/."""
