@@ -325,6 +325,7 @@ def spec_plot(result: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     batches = sorted({r["batch"] for r in result["runs"]})
     fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4.2), squeeze=False, sharey=True)
     styles = {"rewrite": "-", "code": "--", "chat": ":"}
@@ -339,9 +340,13 @@ def spec_plot(result: dict, path: str) -> None:
         ax.set_title(f"batch {b}")
         ax.set_xlabel("k (tokens drafted per step)")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 8]))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}x"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(sorted({r["k"] for r in result["runs"] if r["proposer"] != "none"}))
     axes[0][0].set_ylabel("speedup over no speculation (output tok/s)")
-    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle("speculative decoding on this machine (greedy; above 1 = faster)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
