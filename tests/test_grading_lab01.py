@@ -12,16 +12,7 @@ from minillm.grading.lab01 import (TASKS, check_lab01_1, check_lab01_2, check_la
                                    max_num_seqs_ref, reference_attend)
 from minillm.kv.sizing import kv_cache_bytes, max_seqs_that_fit
 from minillm.layers.attention import causal_attend
-
-
-def rejected(checker, fn, *needles):
-    with pytest.raises(AssertionError) as e:
-        checker(fn)
-    msg = str(e.value)
-    for needle in needles:
-        assert needle in msg, msg
-    assert len(msg.splitlines()) < 12, msg
-    return msg
+from grading_helpers import rejected
 
 
 # ---------------------------------------------------------------- lab01_1 attention with a KV cache

@@ -13,16 +13,7 @@ from minillm.grading.lab05 import (TASKS, build_cache, check_lab05_1, check_lab0
 from minillm.interfaces import CachedBlock
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.prefix_cache import LRUEvictor, default_hash_fn, find_cached_prefix
-
-
-def rejected(checker, obj, *needles):
-    with pytest.raises(AssertionError) as e:
-        checker(obj)
-    msg = str(e.value)
-    for needle in needles:
-        assert needle in msg, msg
-    assert len(msg.splitlines()) < 12, msg
-    return msg
+from grading_helpers import rejected
 
 
 # ---------------------------------------------------------------- lab05_1 the chained block hash

@@ -11,18 +11,9 @@ import torch
 from minillm.grading.lab06 import TASKS, check_lab06_1, check_lab06_2, reference_process_logits, reference_row
 from minillm.sampling.processors import apply_top_p, process_logits
 from minillm.sampling.sampler import Sampler, draw
+from grading_helpers import rejected
 
 NEG_INF = float("-inf")
-
-
-def rejected(checker, obj, *needles):
-    with pytest.raises(AssertionError) as e:
-        checker(obj)
-    msg = str(e.value)
-    for needle in needles:
-        assert needle in msg, msg
-    assert len(msg.splitlines()) < 12, msg
-    return msg
 
 
 # ---------------------------------------------------------------- lab06_1 process_logits

@@ -13,16 +13,7 @@ from minillm.grading.lab07 import (MISTAKES, STAT_CASES, TASKS, THRESHOLD, check
 from minillm.sampling.ngram import find_ngram_draft
 from minillm.sampling.rejection_sampler import RejectionSampler
 from minillm.testing import chi_square
-
-
-def rejected(checker, obj, *needles):
-    with pytest.raises(AssertionError) as e:
-        checker(obj)
-    msg = str(e.value)
-    for needle in needles:
-        assert needle in msg, msg
-    assert len(msg.splitlines()) < 12, msg
-    return msg
+from grading_helpers import rejected
 
 
 # ---------------------------------------------------------------- lab07_1 the rejection rule
