@@ -1,0 +1,284 @@
+"""Regex AST -> byte-level automaton: UTF-8 byte sequences for code point ranges, a Thompson NFA over bytes, subset
+construction (over byte classes, not 256 symbols) with a state cap and a time limit, then minimization and trimming.
+
+The DFA reads the UTF-8 bytes of the text, so a token made of partial characters (byte-level BPE) can be walked
+through it without decoding."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from minillm.structured.regex import Alt, Chars, Concat, Repeat, parse
+
+DEAD = -1
+MAX_STATES = 10_000          # DFA states before a pattern is refused as too complex
+MAX_SECONDS = 5.0            # build time before the same
+MAX_NFA_STATES = 200_000
+
+
+class RegexTooComplex(ValueError):
+    """The automaton would be too large (e.g. `[ab]*a[ab]{20}` needs 2^21 DFA states)."""
+
+
+# ---------------------------------------------------------------------------------------------- UTF-8
+
+_LIMITS = (0x7F, 0x7FF, 0xFFFF, 0x10FFFF)
+
+
+def _encode(cp: int) -> bytes:
+    return chr(cp).encode("utf-8", "surrogatepass")
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """The byte-range sequences whose concatenations are exactly the UTF-8 encodings of code points lo..hi
+    (surrogates D800-DFFF excluded). Each sequence is a list of (byte_lo, byte_hi) per position."""
+    out: list[list[tuple[int, int]]] = []
+    stack = [(lo, hi)]
+    while stack:
+        lo, hi = stack.pop()
+        if lo > hi:
+            continue
+        if lo <= 0xDFFF and hi >= 0xD800:                       # cut the surrogates out
+            stack += [(lo, 0xD7FF), (0xE000, hi)]
+            continue
+        split = next((lim for lim in _LIMITS if lo <= lim < hi), None)
+        if split is not None:                                   # different encoded lengths
+            stack += [(lo, split), (split + 1, hi)]
+            continue
+        n = len(_encode(lo))
+        for i in range(1, n):                                   # align so each byte position is one range
+            m = (1 << (6 * i)) - 1
+            if lo & ~m != hi & ~m:
+                if lo & m:
+                    stack += [(lo, lo | m), ((lo | m) + 1, hi)]
+                    break
+                if hi & m != m:
+                    stack += [(lo, (hi & ~m) - 1), (hi & ~m, hi)]
+                    break
+        else:
+            a, b = _encode(lo), _encode(hi)
+            out.append([(a[j], b[j]) for j in range(n)])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- NFA
+
+class NFA:
+    """States 0..n-1; edges[s] = [(byte_lo, byte_hi, t)], eps[s] = [t]; one start and one accept state."""
+
+    def __init__(self) -> None:
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.eps: list[list[int]] = []
+
+    def state(self) -> int:
+        if len(self.edges) >= MAX_NFA_STATES:
+            raise RegexTooComplex(f"the pattern expands to more than {MAX_NFA_STATES} NFA states; shrink its "
+                                  "repetition counts")
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def build(self, node) -> tuple[int, int]:
+        """A fragment (start, end) for `node` (Thompson's construction)."""
+        if isinstance(node, Chars):
+            s, e = self.state(), self.state()
+            for lo, hi in node.ranges:
+                for seq in utf8_sequences(lo, hi):
+                    cur = s
+                    for j, (b0, b1) in enumerate(seq):
+                        nxt = e if j == len(seq) - 1 else self.state()
+                        self.edges[cur].append((b0, b1, nxt))
+                        cur = nxt
+            return s, e
+        if isinstance(node, Concat):
+            s = e = self.state()
+            for part in node.parts:
+                ps, pe = self.build(part)
+                self.eps[e].append(ps)
+                e = pe
+            return s, e
+        if isinstance(node, Alt):
+            s, e = self.state(), self.state()
+            for option in node.options:
+                os_, oe = self.build(option)
+                self.eps[s].append(os_)
+                self.eps[oe].append(e)
+            return s, e
+        if isinstance(node, Repeat):
+            s = e = self.state()
+            for _ in range(node.min):
+                ps, pe = self.build(node.node)
+                self.eps[e].append(ps)
+                e = pe
+            if node.max is None:                                 # a loop: e -> body -> e
+                ps, pe = self.build(node.node)
+                self.eps[e].append(ps)
+                self.eps[pe].append(e)
+            else:
+                end = self.state()
+                self.eps[e].append(end)
+                for _ in range(node.max - node.min):             # each optional copy may stop early
+                    ps, pe = self.build(node.node)
+                    self.eps[e].append(ps)
+                    self.eps[pe].append(end)
+                    e = pe
+                e = end
+            return s, e
+        raise TypeError(f"not a regex node: {node!r}")
+
+
+# ---------------------------------------------------------------------------------------------- DFA
+
+@dataclass
+class DFA:
+    """transitions[s, byte] -> next state or DEAD; every state can still reach an accepting one (trimmed)."""
+    transitions: np.ndarray         # int32 [num_states, 256]
+    accepting: np.ndarray           # bool [num_states]
+    start: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return len(self.accepting)
+
+    def step(self, state: int, data: bytes) -> int:
+        """The state after reading `data` from `state` (DEAD once the text can no longer match)."""
+        t = self.transitions
+        for b in data:
+            if state == DEAD:
+                return DEAD
+            state = int(t[state, b])
+        return state
+
+    def matches(self, data: bytes | str) -> bool:
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogatepass")
+        s = self.step(self.start, data)
+        return s != DEAD and bool(self.accepting[s])
+
+    def is_empty(self) -> bool:
+        """True when no text matches (trimming removed every state)."""
+        return self.num_states == 0
+
+
+def _closure(nfa: NFA, states) -> frozenset:
+    seen, stack = set(states), list(states)
+    while stack:
+        for t in nfa.eps[stack.pop()]:
+            if t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return frozenset(seen)
+
+
+def _byte_classes(nfa: NFA) -> list[tuple[int, int]]:
+    """Cut 0..255 at every edge boundary: bytes of one class behave the same everywhere."""
+    cuts = {0, 256}
+    for edges in nfa.edges:
+        for lo, hi, _ in edges:
+            cuts.update((lo, hi + 1))
+    cuts = sorted(cuts)
+    return [(a, b - 1) for a, b in zip(cuts, cuts[1:])]
+
+
+def determinize(nfa: NFA, start: int, accept: int, pattern: str = "", max_states: int = MAX_STATES,
+                max_seconds: float = MAX_SECONDS) -> DFA:
+    classes = _byte_classes(nfa)
+    t0 = time.perf_counter()
+    first = _closure(nfa, [start])
+    index = {first: 0}
+    order = [first]
+    rows: list[list[int]] = []
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        row = []
+        for lo, hi in classes:
+            targets = {t for s in cur for b0, b1, t in nfa.edges[s] if b0 <= lo and hi <= b1}
+            if not targets:
+                row.append(DEAD)
+                continue
+            nxt = _closure(nfa, targets)
+            if nxt not in index:
+                if len(order) >= max_states or time.perf_counter() - t0 > max_seconds:
+                    raise RegexTooComplex(
+                        f"regex {pattern!r} needs more than {len(order)} automaton states "
+                        f"(or {max_seconds:g} s) — typically a repeated class after an unbounded one, like "
+                        "[ab]*a[ab]{20}; bound or simplify the pattern")
+                index[nxt] = len(order)
+                order.append(nxt)
+            row.append(index[nxt])
+        rows.append(row)
+        i += 1
+    trans = np.full((len(order), 256), DEAD, dtype=np.int32)
+    for s, row in enumerate(rows):
+        for (lo, hi), t in zip(classes, row):
+            trans[s, lo:hi + 1] = t
+    accepting = np.array([accept in st for st in order], dtype=bool)
+    return DFA(trans, accepting, 0)
+
+
+def trim(dfa: DFA) -> DFA:
+    """Drop states that cannot reach an accepting state (their edges become DEAD): a live state means 'the text
+    so far can still be completed'. An empty language gives a DFA with no states."""
+    n = dfa.num_states
+    live = dfa.accepting.copy()
+    changed = True
+    while changed:
+        reach = np.zeros(n, dtype=bool)
+        t = dfa.transitions
+        ok = t != DEAD
+        reach = (ok & live[np.where(ok, t, 0)]).any(axis=1)
+        new = live | reach
+        changed = bool((new != live).any())
+        live = new
+    if not live[dfa.start]:
+        return DFA(np.zeros((0, 256), dtype=np.int32), np.zeros(0, dtype=bool), 0)
+    # keep live states reachable from the start, numbered in BFS order
+    order, index = [dfa.start], {dfa.start: 0}
+    for s in order:
+        for t in np.unique(dfa.transitions[s]):
+            t = int(t)
+            if t != DEAD and live[t] and t not in index:
+                index[t] = len(order)
+                order.append(t)
+    remap = np.full(n + 1, DEAD, dtype=np.int32)          # index n stands for DEAD
+    for old, new in index.items():
+        remap[old] = new
+    old_t = dfa.transitions[order]
+    new_t = remap[np.where(old_t == DEAD, n, old_t)]
+    return DFA(new_t.astype(np.int32), dfa.accepting[order].copy(), 0)
+
+
+def minimize(dfa: DFA) -> DFA:
+    """Moore's partition refinement: states equivalent when they agree on accepting and on the block of every
+    byte's successor. The result is the unique minimal DFA (numbered in BFS order from the start)."""
+    n = dfa.num_states
+    if n == 0:
+        return dfa
+    block = dfa.accepting.astype(np.int64)
+    while True:
+        succ = np.where(dfa.transitions == DEAD, -1, block[np.maximum(dfa.transitions, 0)])
+        sig = np.concatenate([block[:, None], succ], axis=1)
+        _, new = np.unique(sig, axis=0, return_inverse=True)
+        new = new.reshape(-1)
+        if len(np.unique(new)) == len(np.unique(block)):
+            break
+        block = new
+    k = int(block.max()) + 1
+    trans = np.full((k, 256), DEAD, dtype=np.int32)
+    acc = np.zeros(k, dtype=bool)
+    for s in range(n):
+        b = block[s]
+        trans[b] = np.where(dfa.transitions[s] == DEAD, DEAD, block[np.maximum(dfa.transitions[s], 0)])
+        acc[b] = dfa.accepting[s]
+    return trim(DFA(trans, acc, int(block[dfa.start])))
+
+
+def compile_regex(pattern: str, max_states: int = MAX_STATES, max_seconds: float = MAX_SECONDS) -> DFA:
+    """The minimal, trimmed byte-level DFA of `pattern` (full-match semantics). Raises RegexError for patterns
+    outside the subset and RegexTooComplex past the state cap or the time limit."""
+    nfa = NFA()
+    start, accept = nfa.build(parse(pattern))
+    return minimize(trim(determinize(nfa, start, accept, pattern, max_states, max_seconds)))
