@@ -61,6 +61,7 @@ class Tokenizer:
         # SentencePiece's <0xNN> byte-fallback tokens: their decoding depends on the bytes that follow
         self.byte_token_ids = frozenset(i for t, i in tok.get_vocab().items() if _BYTE_TOKEN.fullmatch(t))
         self._template = None  # compiled lazily: most uses never render a chat
+        self._token_bytes: list[bytes | None] | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -128,6 +129,24 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self) -> list[bytes | None]:
+        """Each id's exact bytes in the text (byte-level spellings undone, SentencePiece's ▁ and <0xNN> read as a
+        space and a byte); None for special tokens and unused ids. What a byte automaton walks (structured output)."""
+        if self._token_bytes is None:
+            unspell = {c: b for b, c in _bytes_to_unicode().items()}
+            out: list[bytes | None] = [None] * self.vocab_size
+            for token, i in self.get_vocab().items():
+                if i >= self.vocab_size or i in self.special_token_ids:
+                    continue
+                if _BYTE_TOKEN.fullmatch(token):
+                    out[i] = bytes([int(token[3:5], 16)])
+                elif set(token) <= _BYTE_ALPHABET:
+                    out[i] = bytes(unspell[c] for c in token)
+                else:
+                    out[i] = token.replace("\u2581", " ").encode("utf-8")
+            self._token_bytes = out
+        return self._token_bytes
 
     def get_vocab(self) -> dict[str, int]:
         """token string -> id, added tokens included (two tokenizers agree on ids iff these are equal)."""

@@ -1,0 +1,151 @@
+"""DFA x vocabulary -> token index: for every automaton state, the tokens whose bytes keep the text matchable and
+the state each leads to; EOS only where the text so far is a full match. Special tokens are never allowed.
+
+The vocabulary is a byte trie stored level by level (node i's parent and byte), so one state's walk is one
+vectorized gather per byte depth: tokens sharing a prefix share its walk, and a dead prefix kills its whole
+subtree at once."""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from minillm.structured.automata import DEAD, DFA, compile_regex
+
+
+@dataclass
+class VocabTrie:
+    """Nodes 1..n in order of depth (0 is the root). levels[d] = (first, end) node slice at depth d + 1."""
+    parent: np.ndarray              # int32 [n + 1]
+    byte: np.ndarray                # uint8 [n + 1]
+    levels: list[tuple[int, int]]
+    token_node: np.ndarray          # int32 [V]: the node spelling each token; 0 for tokens never allowed
+    vocab_size: int
+
+    @classmethod
+    def build(cls, token_bytes: list[bytes | None]) -> "VocabTrie":
+        children: list[dict[int, int]] = [{}]
+        depth = [0]
+        token_node = np.zeros(len(token_bytes), dtype=np.int64)
+        for tid, data in enumerate(token_bytes):
+            if not data:                          # special, unused or empty: never allowed
+                continue
+            node = 0
+            for b in data:
+                nxt = children[node].get(b)
+                if nxt is None:
+                    nxt = len(children)
+                    children[node][b] = nxt
+                    children.append({})
+                    depth.append(depth[node] + 1)
+                node = nxt
+            token_node[tid] = node
+        # renumber by depth so each level is a contiguous slice whose parents come before it
+        order = np.argsort(np.asarray(depth), kind="stable")
+        new_id = np.empty(len(order), dtype=np.int64)
+        new_id[order] = np.arange(len(order))
+        parent = np.zeros(len(order), dtype=np.int32)
+        byte = np.zeros(len(order), dtype=np.uint8)
+        for old, kids in enumerate(children):
+            for b, kid in kids.items():
+                parent[new_id[kid]], byte[new_id[kid]] = new_id[old], b
+        depths = np.asarray(depth)[order]
+        levels = [(int(np.searchsorted(depths, d)), int(np.searchsorted(depths, d, side="right")))
+                  for d in range(1, int(depths.max()) + 1)] if len(depths) > 1 else []
+        return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes))
+
+    def walk(self, transitions: np.ndarray, state: int) -> np.ndarray:
+        """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died)."""
+        at = np.empty(len(self.parent), dtype=np.int32)
+        at[0] = state
+        padded = np.vstack([transitions, np.full((1, 256), DEAD, dtype=np.int32)])   # row -1: DEAD stays DEAD
+        for first, end in self.levels:
+            at[first:end] = padded[at[self.parent[first:end]], self.byte[first:end]]
+        return at
+
+
+@dataclass
+class TokenIndex:
+    """allowed[s]: sorted token ids allowed in state s; next_states[s]: the state each leads to (same order)."""
+    dfa: DFA
+    allowed: list[np.ndarray]
+    next_states: list[np.ndarray]
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    build_seconds: float = 0.0
+    _masks: dict = field(default_factory=dict, repr=False)
+
+    def is_accepting(self, state: int) -> bool:
+        return bool(self.dfa.accepting[state])
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id` (DEAD when it is not allowed; EOS is never a transition)."""
+        ids = self.allowed[state]
+        i = int(np.searchsorted(ids, token_id))
+        return int(self.next_states[state][i]) if i < len(ids) and ids[i] == token_id else DEAD
+
+    def allowed_token_ids(self, state: int) -> np.ndarray:
+        """Allowed tokens in `state`, EOS included exactly when the text so far is a full match."""
+        ids = self.allowed[state]
+        if self.is_accepting(state) and self.eos_token_ids:
+            ids = np.union1d(ids, np.asarray(self.eos_token_ids, dtype=ids.dtype))
+        return ids
+
+    def mask(self, state: int):
+        """A bool tensor [vocab_size], True where allowed (cached per state)."""
+        import torch
+        m = self._masks.get(state)
+        if m is None:
+            m = torch.zeros(self.vocab_size, dtype=torch.bool)
+            m[torch.from_numpy(self.allowed_token_ids(state).astype(np.int64))] = True
+            self._masks[state] = m
+        return m
+
+
+def build_token_index(dfa: DFA, trie: VocabTrie, eos_token_ids=()) -> TokenIndex:
+    t0 = time.perf_counter()
+    allowed, nexts = [], []
+    tokens = np.arange(trie.vocab_size, dtype=np.int32)
+    live = trie.token_node > 0
+    for s in range(dfa.num_states):
+        after = trie.walk(dfa.transitions, s)[trie.token_node]
+        ok = live & (after != DEAD)
+        allowed.append(tokens[ok])
+        nexts.append(after[ok])
+    return TokenIndex(dfa, allowed, nexts, tuple(eos_token_ids), trie.vocab_size, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------- caches
+
+_TRIES: "WeakKeyDictionary" = WeakKeyDictionary()
+_INDEXES: "OrderedDict[tuple, TokenIndex]" = OrderedDict()
+INDEX_CACHE_SIZE = 32
+
+
+def vocab_trie(tokenizer) -> VocabTrie:
+    """The tokenizer's byte trie, built once per tokenizer object."""
+    trie = _TRIES.get(tokenizer)
+    if trie is None:
+        trie = _TRIES[tokenizer] = VocabTrie.build(tokenizer.token_bytes())
+    return trie
+
+
+def regex_token_index(pattern: str, tokenizer) -> TokenIndex:
+    """The token index of `pattern` for `tokenizer`, from an LRU cache keyed by (pattern, tokenizer)."""
+    trie = vocab_trie(tokenizer)
+    key = (pattern, id(trie))
+    hit = _INDEXES.get(key)
+    if hit is not None:
+        _INDEXES.move_to_end(key)
+        return hit
+    eos = sorted(getattr(tokenizer, "stop_token_ids", ()) or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id
+                                                              is not None else ()))
+    index = build_token_index(compile_regex(pattern), trie, eos)
+    index._trie = trie                       # keeps id(trie) from being reused while the entry lives
+    _INDEXES[key] = index
+    while len(_INDEXES) > INDEX_CACHE_SIZE:
+        _INDEXES.popitem(last=False)
+    return index
