@@ -224,14 +224,12 @@ def trim(dfa: DFA) -> DFA:
     so far can still be completed'. An empty language gives a DFA with no states."""
     n = dfa.num_states
     live = dfa.accepting.copy()
-    changed = True
-    while changed:
-        reach = np.zeros(n, dtype=bool)
-        t = dfa.transitions
-        ok = t != DEAD
-        reach = (ok & live[np.where(ok, t, 0)]).any(axis=1)
-        new = live | reach
-        changed = bool((new != live).any())
+    ok = dfa.transitions != DEAD
+    safe = np.where(ok, dfa.transitions, 0)
+    while True:                                       # grow "can reach an accepting state" to a fixed point
+        new = live | (ok & live[safe]).any(axis=1)
+        if (new == live).all():
+            break
         live = new
     if not live[dfa.start]:
         return DFA(np.zeros((0, 256), dtype=np.int32), np.zeros(0, dtype=bool), 0)
@@ -269,10 +267,8 @@ def minimize(dfa: DFA) -> DFA:
     k = int(block.max()) + 1
     trans = np.full((k, 256), DEAD, dtype=np.int32)
     acc = np.zeros(k, dtype=bool)
-    for s in range(n):
-        b = block[s]
-        trans[b] = np.where(dfa.transitions[s] == DEAD, DEAD, block[np.maximum(dfa.transitions[s], 0)])
-        acc[b] = dfa.accepting[s]
+    trans[block] = succ                 # the last round's successor blocks: equal within a block by construction
+    acc[block] = dfa.accepting
     return trim(DFA(trans, acc, int(block[dfa.start])))
 
 

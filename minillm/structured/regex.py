@@ -44,9 +44,6 @@ class Repeat:
     max: int | None
 
 
-EMPTY = Concat(())
-
-
 def normalize(ranges) -> tuple[tuple[int, int], ...]:
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):

@@ -16,7 +16,7 @@ import numpy as np
 from minillm.structured.automata import DEAD, DFA, compile_regex
 
 
-@dataclass
+@dataclass(eq=False)          # hashed by identity: the index cache keys on the trie object itself
 class VocabTrie:
     """Nodes 1..n in order of depth (0 is the root). levels[d] = (first, end) node slice at depth d + 1."""
     parent: np.ndarray              # int32 [n + 1]
@@ -57,11 +57,11 @@ class VocabTrie:
                   for d in range(1, int(depths.max()) + 1)] if len(depths) > 1 else []
         return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes))
 
-    def walk(self, transitions: np.ndarray, state: int) -> np.ndarray:
-        """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died)."""
+    def walk(self, padded: np.ndarray, state: int) -> np.ndarray:
+        """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died). `padded` is
+        the DFA's transitions plus a last all-DEAD row, so that row -1 (DEAD) stays DEAD."""
         at = np.empty(len(self.parent), dtype=np.int32)
         at[0] = state
-        padded = np.vstack([transitions, np.full((1, 256), DEAD, dtype=np.int32)])   # row -1: DEAD stays DEAD
         for first, end in self.levels:
             at[first:end] = padded[at[self.parent[first:end]], self.byte[first:end]]
         return at
@@ -110,8 +110,9 @@ def build_token_index(dfa: DFA, trie: VocabTrie, eos_token_ids=()) -> TokenIndex
     allowed, nexts = [], []
     tokens = np.arange(trie.vocab_size, dtype=np.int32)
     live = trie.token_node > 0
+    padded = np.vstack([dfa.transitions, np.full((1, 256), DEAD, dtype=np.int32)])
     for s in range(dfa.num_states):
-        after = trie.walk(dfa.transitions, s)[trie.token_node]
+        after = trie.walk(padded, s)[trie.token_node]
         ok = live & (after != DEAD)
         allowed.append(tokens[ok])
         nexts.append(after[ok])
@@ -135,16 +136,12 @@ def vocab_trie(tokenizer) -> VocabTrie:
 
 def regex_token_index(pattern: str, tokenizer) -> TokenIndex:
     """The token index of `pattern` for `tokenizer`, from an LRU cache keyed by (pattern, tokenizer)."""
-    trie = vocab_trie(tokenizer)
-    key = (pattern, id(trie))
+    key = (pattern, vocab_trie(tokenizer))
     hit = _INDEXES.get(key)
     if hit is not None:
         _INDEXES.move_to_end(key)
         return hit
-    eos = sorted(getattr(tokenizer, "stop_token_ids", ()) or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id
-                                                              is not None else ()))
-    index = build_token_index(compile_regex(pattern), trie, eos)
-    index._trie = trie                       # keeps id(trie) from being reused while the entry lives
+    index = build_token_index(compile_regex(pattern), key[1], sorted(tokenizer.stop_token_ids))
     _INDEXES[key] = index
     while len(_INDEXES) > INDEX_CACHE_SIZE:
         _INDEXES.popitem(last=False)
