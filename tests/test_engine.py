@@ -20,6 +20,18 @@ def reference(model, prompt: list[int], params: SamplingParams) -> list[int]:
     return _ref_cache[key]
 
 
+def finish_all(engine: LLMEngine, check=None) -> dict:
+    """Step until no request is left: {request_id: its final RequestOutput}; check(engine) after every step."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        if check:
+            check(engine)
+    return done
+
+
 def run_engine(engine: LLMEngine, requests, arrivals=None, check=None) -> dict[str, list[int]]:
     """requests: list of (prompt, params); arrivals[i] = step at which request i is added (default 0)."""
     arrivals = arrivals or [0] * len(requests)

@@ -12,6 +12,7 @@ from minillm.grading.lab06 import TASKS, check_lab06_1, check_lab06_2, reference
 from minillm.sampling.processors import apply_top_p, process_logits
 from minillm.sampling.sampler import Sampler, draw
 from grading_helpers import rejected
+from tests.test_engine import finish_all
 
 NEG_INF = float("-inf")
 
@@ -378,12 +379,8 @@ def test_learner_pieces_drive_a_real_engine_and_a_seeded_request_ignores_its_bat
 
     def run(requests):
         ids = [engine.add_request(p, sp) for p, sp in requests]
-        done = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.outputs[0].token_ids
-        return [done[i] for i in ids]
+        done = finish_all(engine)
+        return [done[i].outputs[0].token_ids for i in ids]
 
     prompt = [5, 6, 7, 8, 9]
     alone = run([(prompt, seeded)])[0]

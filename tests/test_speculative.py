@@ -20,7 +20,7 @@ from minillm.sampling.params import SamplingParams
 from minillm.sampling.rejection_sampler import RejectionSampler
 from minillm.sampling.speculative import Draft
 from minillm.testing import chi_square, random_model, tiny_model
-from tests.test_engine import run_engine
+from tests.test_engine import finish_all, run_engine
 
 MODEL = tiny_model()                                          # 2 layers, vocab 128, eos 2
 OTHER = random_model(seed=5, layers=1)                         # a different model, same vocabulary: a poor draft
@@ -120,23 +120,17 @@ def test_greedy_speculation_is_token_for_token_plain_greedy(proposer, reqs, k, b
 def test_n_greater_than_one_children_are_identical_when_greedy_and_all_speculate():
     engine = make_engine("ngram", 4, num_blocks=64, block_size=4)
     rid = engine.add_request([5, 6, 7, 8] * 4, SamplingParams(temperature=0, max_tokens=20, n=3, ignore_eos=True))
-    final = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            final = out
-    assert final.request_id == rid and len({tuple(c.token_ids) for c in final.outputs}) == 1
+    final = finish_all(engine)[rid]
+    assert len({tuple(c.token_ids) for c in final.outputs}) == 1
     assert engine.spec.stats.num_draft_tokens > 0 and drained(engine)
 
 
 def test_metrics_per_request_and_per_engine():
     engine = make_engine("self_draft", 3, num_blocks=64, block_size=4)
-    outs = {}
     for i in range(2):
         engine.add_request([9, 10, 11, 12 + i], SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
+    outs = finish_all(engine)
+    assert len(outs) == 2
     for o in outs.values():
         s = o.metrics.spec
         # 13 tokens: 1 from the prefill, then steps of k + 1 = 4 (3 drafts all accepted): 4 + 4 + 4 = 12
@@ -148,8 +142,7 @@ def test_metrics_per_request_and_per_engine():
 
     engine = make_engine("random", 3, num_blocks=64, block_size=4)
     engine.add_request([9, 10, 11], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
+    finish_all(engine)
     s = engine.spec.stats
     assert s.num_draft_tokens > 0 and s.acceptance_rate < 0.5
     assert s.acceptance_rate_per_position[0] >= s.acceptance_rate_per_position[-1]
@@ -158,11 +151,8 @@ def test_metrics_per_request_and_per_engine():
 def test_never_more_than_max_tokens_even_when_every_guess_is_right():
     for m in range(1, 9):
         engine = make_engine("self_draft", 5, num_blocks=64, block_size=4)
-        engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
-        out = None
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out = o
+        rid = engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
+        out = finish_all(engine)[rid]
         assert len(out.token_ids) == m and out.outputs[0].finish_reason == "length"
 
 
@@ -197,9 +187,7 @@ def test_aborts_mid_speculation_leak_nothing(proposer):
     check_kv(engine)
     engine.step()
     engine.abort(engine.scheduler.running[-1].request_id)
-    while engine.has_unfinished_requests():
-        engine.step()
-        check_kv(engine)
+    finish_all(engine, check=check_kv)
     assert drained(engine)
 
 
@@ -218,12 +206,8 @@ def test_logprobs_with_speculation_match_those_without():
 
     def go(proposer):
         engine = make_engine(proposer, 4, num_blocks=64, block_size=4)
-        engine.add_request([5, 6, 7, 5, 6, 7, 5], params)
-        out = None
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out = o
-        return out.outputs[0]
+        rid = engine.add_request([5, 6, 7, 5, 6, 7, 5], params)
+        return finish_all(engine)[rid].outputs[0]
 
     a, b = go(None), go("self_draft")
     assert a.token_ids == b.token_ids and len(a.logprobs) == len(a.token_ids)
@@ -239,13 +223,9 @@ def test_the_prefix_cache_holds_only_accepted_tokens_and_their_true_kv():
     and a new prompt that reuses those blocks decodes exactly as an engine without a cache does."""
     reqs = [([5, 6, 7, 8, 9, 10, 11, 12, 5, 6], 14), ([40, 41, 42, 43, 44, 45, 46], 17), ([5, 6, 7, 8, 9, 10, 90], 9)]
     engine = make_engine("random", 4, num_blocks=80, block_size=2, max_num_seqs=2)
-    done = {}
     for i, (p, m) in enumerate(reqs):
         engine.add_request(p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True), request_id=str(i))
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o.prompt_token_ids + o.token_ids
+    done = {rid: o.prompt_token_ids + o.token_ids for rid, o in finish_all(engine).items()}
     assert engine.spec.stats.num_draft_tokens > engine.spec.stats.num_accepted_tokens    # there were rejections
     by_block = {b.block_id: b for b in engine.block_manager.cached_blocks.values()}
     assert by_block
@@ -287,10 +267,8 @@ def second_tokens(engine: LLMEngine, n: int, seed: int) -> torch.Tensor:
     counts = torch.zeros(128, dtype=torch.long)
     for i in range(n):
         engine.add_request(PROMPT, params, request_id=str(i))
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                counts[o.token_ids[1]] += 1
+    for o in finish_all(engine).values():
+        counts[o.token_ids[1]] += 1
     return counts
 
 
@@ -448,14 +426,9 @@ def test_smollm_greedy_text_is_unchanged_by_speculation(smollm, spec):
 
     def go(spec_):
         engine = LLMEngine(smollm.model, smollm.tokenizer, EngineConfig.from_kwargs(speculative_config=spec_))
-        outs = {}
         for i, p in enumerate(params):
             engine.add_request(ids, p, request_id=str(i))
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    outs[o.request_id] = o
-        return engine, outs
+        return engine, finish_all(engine)
 
     _, plain = go(None)
     engine, spec_out = go(spec)
