@@ -1,10 +1,11 @@
 """minillm: a from-scratch LLM inference engine, built up across graded labs.
 
-    from minillm import LLM, SamplingParams
+    from minillm import LLM, SamplingParams, StructuredOutputsParams
 """
 from minillm.sampling.params import SamplingParams
+from minillm.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

@@ -25,9 +25,11 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
     NgramLookup           sampling.ngram.find_ngram_draft                  NgramProposer(lookup=...)          lab07
     Proposer              sampling.ngram.NgramProposer, sampling.draft_model.ModelDraftProposer
                                                                            engine.plug(proposer=...)          lab07
+    RegexCompiler         structured.automata.compile_regex                engine.plug(regex_compiler=...)    lab10
+    TokenIndexBuilder     structured.token_index.build_token_index         engine.plug(token_index_builder=)  lab10
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
 
-Later labs add the quantized linear, parallel linear, token index and router here.
+Later labs add the quantized linear, parallel linear and router here.
 
 This module imports nothing from minillm: every other module may import it.
 """
@@ -257,6 +259,20 @@ class Proposer(Protocol):
 
     def free(self, seq: Any) -> None:
         """seq finished, was preempted or aborted: drop whatever is kept for it."""
+
+
+class RegexCompiler(Protocol):
+    def __call__(self, pattern: str) -> Any:
+        """A regex (full-match semantics) -> the byte-level DFA accepting exactly the UTF-8 encodings of the strings
+        it matches: a minillm.structured.automata.DFA whose every state can still reach an accepting one."""
+
+
+class TokenIndexBuilder(Protocol):
+    def __call__(self, dfa: Any, vocab: Any, eos_token_ids: Sequence[int]) -> Any:
+        """A DFA and the vocabulary (a VocabTrie: token_bytes[i] is token i's bytes, None for special tokens; the
+        trie arrays to share work) -> a TokenIndex: per state the sorted token ids whose whole byte string keeps
+        the DFA alive and the state each leads to (EOS is not among them: the TokenIndex holds eos_token_ids and
+        allows them exactly in accepting states)."""
 
 
 class StepObserver(Protocol):

@@ -29,6 +29,7 @@ from minillm.layers.attention import get_attention_backend
 from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch, TokenLogprobs, make_generator
+from minillm.structured.matcher import StructuredOutputManager
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
@@ -53,6 +54,7 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  num_blocks * cc.block_size)
         self.eos_ids = eos_token_ids(tokenizer, cfg)
+        self.structured = StructuredOutputManager(tokenizer, self.eos_ids, cfg.vocab_size)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._observers: list[interfaces.StepObserver] = []
@@ -93,8 +95,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self._encode(prompt)
         self._check_prompt(ids)
+        # the automaton and its token index are built (or found in the cache) now: a bad pattern fails here
+        matcher = self.structured.matcher(params.structured_outputs) if params.structured_outputs else None
         seq = Sequence(request_id, ids, params, TextStream(self.tokenizer, params, self.eos_ids),
                        make_generator(params.seed), arrival_time)
+        seq.matcher = matcher
         self.requests[request_id] = [seq]
         self.scheduler.add(seq)
         return request_id
@@ -142,9 +147,11 @@ class LLMEngine:
             self.spec.propose(sch.running, self.max_model_len)
         before = self._queue_snapshot() if self._observers else None
         sched = sch.schedule()
-        if self.spec is not None:
-            for seq in sched.preempted:          # its KV is gone: it comes back as a prompt, guesses redrawn
+        for seq in sched.preempted:
+            if self.spec is not None:            # its KV is gone: it comes back as a prompt, guesses redrawn
                 self.spec.drop(seq)
+            if seq.matcher is not None:          # its output stays; the automaton state is re-derived from it
+                seq.matcher.replay(seq.output_token_ids)
         if sched.is_empty:
             if sch.running or sch.waiting:
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next request")
@@ -204,6 +211,7 @@ class LLMEngine:
                 plain_rows.append(rs[0])
                 plain.append(child)
             seq.pending_forks = 0
+        self._mask_constrained(plain, plain_rows, spec_items, logits)
         emitted: dict[Sequence, tuple[list[int], list]] = {}
         if plain:
             batch = SamplingBatch([s.params for s in plain], [s.generator for s in plain],
@@ -219,6 +227,23 @@ class LLMEngine:
                 emitted[seq] = (toks, lps)
                 verified.add(seq)
         return emitted, children, verified
+
+    def _mask_constrained(self, plain: list[Sequence], plain_rows: list[int],
+                          spec_items: list[tuple[Sequence, list[int]]], logits: torch.Tensor) -> None:
+        """Structured outputs: -inf on every token a constrained row's automaton state does not allow, for all
+        constrained rows of the step at once. A row verifying guesses sees the state after the guesses before it;
+        rows after a forbidden guess stay unmasked: that guess is rejected for certain and they are never read."""
+        rows, items = [], []
+        for seq, r in zip(plain, plain_rows):
+            if seq.matcher is not None:
+                rows.append(r)
+                items.append((seq.matcher.index, seq.matcher.state))
+        for seq, rs in spec_items:
+            if seq.matcher is not None:
+                states = seq.matcher.walk(seq.spec_token_ids[:len(rs) - 1])
+                rows += rs[:len(states)]
+                items += [(seq.matcher.index, s) for s in states]
+        self.structured.apply_masks(logits, rows, items)
 
     def _queue_snapshot(self) -> tuple[list[SeqSnapshot], list[SeqSnapshot], int]:
         sch = self.scheduler
@@ -242,6 +267,7 @@ class LLMEngine:
         child = Sequence(parent.request_id, parent.prompt_token_ids, p, TextStream(self.tokenizer, p, self.eos_ids),
                          make_generator(None if p.seed is None else p.seed + k), parent.metrics.arrival_time, index=k)
         child.token_ids = list(parent.token_ids)
+        child.matcher = parent.matcher.copy() if parent.matcher is not None else None
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         child.metrics.num_cached_tokens = parent.metrics.num_cached_tokens
         self.requests[parent.request_id].append(child)
@@ -252,6 +278,8 @@ class LLMEngine:
         what comes after a finishing token is dropped. Returns the text delta and the tokens appended."""
         m, delta, done = seq.metrics, "", []
         for tok, lp in zip(tokens, logprobs):
+            if seq.matcher is not None:
+                seq.matcher.advance(tok)
             seq.token_ids.append(tok)
             done.append(tok)
             if seq.params.logprobs is not None:
@@ -260,6 +288,8 @@ class LLMEngine:
                 m.first_token_time = now
             m.token_times.append(now)
             delta += seq.text.add(tok)
+            if not seq.text.finished and seq.matcher is not None and seq.matcher.is_terminated:
+                delta += seq.text.finish("stop")     # a full match nothing can extend: EOS is all that is left
             if not seq.text.finished and seq.num_tokens >= self.max_model_len:
                 delta += seq.text.finish("length")
             if seq.text.finished:
@@ -281,7 +311,7 @@ class LLMEngine:
         seqs = sorted(self.requests[request_id], key=lambda s: s.index)
         outs = [CompletionOutput(s.index, s.text.visible_text, s.output_token_ids, s.text.finish_reason,
                                  *((list(s.logprobs), s.cumulative_logprob) if s.params.logprobs is not None
-                                   else (None, None)))
+                                   else (None, None)), stop_reason=s.text.stop_reason)
                 for s in seqs]
         finished = all(s.is_finished for s in seqs) and len(seqs) == seqs[0].params.n
         if finished:
@@ -295,17 +325,20 @@ class LLMEngine:
     def plug(self, *, block_manager: interfaces.BlockManager | None = None,
              scheduler: interfaces.SchedulerPolicy | None = None, backend: interfaces.AttentionBackend | None = None,
              sampler: interfaces.Sampler | None = None, rejection_sampler: interfaces.RejectionSampler | None = None,
-             proposer: interfaces.Proposer | None = None, **block_manager_seams) -> None:
+             proposer: interfaces.Proposer | None = None, regex_compiler: interfaces.RegexCompiler | None = None,
+             token_index_builder: interfaces.TokenIndexBuilder | None = None, **block_manager_seams) -> None:
         """Replace a component with another implementation of the same interface (e.g. a learner's).
 
         block_manager / scheduler / backend / sampler / rejection_sampler / proposer: the component itself (the last
         two need an engine built with speculative_config). allocator_cls, slot_mapping_fn, hash_fn, prefix_lookup,
-        evictor_cls: a fresh BlockManager for this pool built with those pieces.
+        evictor_cls: a fresh BlockManager for this pool built with those pieces. regex_compiler /
+        token_index_builder: structured outputs' regex -> DFA and DFA x vocabulary -> token index functions.
         Only while idle: the KV pool's contents are owned by the block manager that wrote them."""
         unknown = set(block_manager_seams) - set(BLOCK_MANAGER_SEAMS)
         if unknown:
             raise TypeError(f"plug() got unknown seam(s) {sorted(unknown)}; it takes block_manager, scheduler, "
-                            f"backend, sampler, rejection_sampler, proposer and the block manager's "
+                            f"backend, sampler, rejection_sampler, proposer, regex_compiler, token_index_builder "
+                            f"and the block manager's "
                             f"{', '.join(BLOCK_MANAGER_SEAMS)}")
         if self.has_unfinished_requests():
             raise RuntimeError("plug() needs an idle engine: finish or abort the running requests first")
@@ -319,6 +352,9 @@ class LLMEngine:
                 raise TypeError(f"plug({what}=...): a {type(obj).__name__} lacks "
                                 f"{', '.join(interfaces.missing_members(obj, protocol))} of minillm.interfaces."
                                 f"{protocol.__name__}")
+        for fn, what in ((regex_compiler, "regex_compiler"), (token_index_builder, "token_index_builder")):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"plug({what}=...) must be a function, got {type(fn).__name__}")
         if (rejection_sampler is not None or proposer is not None) and self.spec is None:
             raise ValueError("plug(rejection_sampler=/proposer=) needs an engine with speculative decoding on: build "
                              "it with speculative_config={'method': 'ngram', 'num_speculative_tokens': 4} (the k "
@@ -347,6 +383,12 @@ class LLMEngine:
             self.spec.rejection_sampler = rejection_sampler
         if proposer is not None:
             self.spec.proposer = proposer
+        if regex_compiler is not None or token_index_builder is not None:
+            old = self.structured
+            self.structured = StructuredOutputManager(
+                self.tokenizer, self.eos_ids, self.model.cfg.vocab_size,
+                regex_compiler or (old.compile_fn if old._own else None),
+                token_index_builder or (old.index_fn if old._own else None))
 
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict:

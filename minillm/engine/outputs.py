@@ -25,6 +25,9 @@ class CompletionOutput:
     # sampled token and the N most likely ones (N + 1 entries, or N when the sampled token is among them).
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
+    # What ended a "stop": the stop string or stop token id (as vLLM); None for EOS and for a structured output
+    # whose pattern completed. So finish_reason == "stop" and stop_reason is None means a complete output.
+    stop_reason: int | str | None = None
 
 
 @dataclass

@@ -81,6 +81,7 @@ class Sequence:
         self.spec_probs: torch.Tensor | None = None
         self.logprobs: list[dict] = []     # per output token {token id: Logprob}, when params.logprobs is set
         self.cumulative_logprob = 0.0
+        self.matcher = None                # structured outputs: the automaton state (structured.matcher.Matcher)
 
     @property
     def num_tokens(self) -> int:

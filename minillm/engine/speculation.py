@@ -99,6 +99,12 @@ class SpecDecoder:
             if bad:
                 raise ValueError(f"{type(self.proposer).__name__} proposed token ids {bad[:5]} outside the "
                                  f"vocabulary [0, {self.vocab_size})")
+            if seq.matcher is not None and d.probs is None:
+                # structured outputs: a deterministic guess the automaton forbids would be rejected for certain and
+                # the target's own token drawn from p in its place, so drop it (and what follows) now. A sampled
+                # guess (probs given) stays: the rejection sampler rejects it against the masked p, which keeps
+                # the output distributed as p (dropping it would not).
+                tokens = tokens[:len(seq.matcher.walk(tokens)) - 1]
             probs = d.probs
             if probs is not None:
                 if probs.dim() != 2 or probs.shape[0] < len(tokens) or probs.shape[1] != self.vocab_size:

@@ -19,6 +19,8 @@ class TextStream:
         self.text = ""            # final text (stop string removed once finished)
         self.emitted = 0          # characters already handed to the caller
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None   # the stop string or (non-EOS) stop token that ended the text
+        self.eos_ids = set(eos_token_ids)
 
     @property
     def finished(self) -> bool:
@@ -29,6 +31,8 @@ class TextStream:
         self.token_ids.append(token_id)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"
+            if token_id in self.params.stop_token_ids and token_id not in self.eos_ids:
+                self.stop_reason = token_id
             self._drain()
         elif self.detok is not None:
             self.detok.add(token_id)
@@ -37,7 +41,7 @@ class TextStream:
                 # search only where a new match can start: the tail that the latest delta could complete
                 cut = self.text.find(s, max(0, self.emitted - len(s)))
                 if cut != -1:
-                    self.text, self.finish_reason = self.text[:cut], "stop"
+                    self.text, self.finish_reason, self.stop_reason = self.text[:cut], "stop", s
                     break
         if not self.finished and len(self.token_ids) >= self.params.max_tokens:
             self.finish_reason = "length"

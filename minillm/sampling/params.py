@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from minillm.structured.params import StructuredOutputsParams
+
 MAX_LOGPROBS = 20   # like vLLM's default max_logprobs: the top-N list costs a top-k over the vocabulary per token
 
 
@@ -24,6 +26,7 @@ class SamplingParams:
     n: int = 1                        # parallel samples sharing the prompt's KV blocks
     logprobs: int | None = None       # return the sampled token's logprob and the top-N (0: the sampled one only)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None   # constrain the output to a regex / JSON Schema / choice
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,6 +71,14 @@ class SamplingParams:
             bad(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad(f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                bad("structured_outputs must be a StructuredOutputsParams (e.g. StructuredOutputsParams(regex=...)),"
+                    f" got {type(self.structured_outputs).__name__}")
+            self.structured_outputs.validate()
+            if self.ignore_eos:
+                bad("ignore_eos cannot be combined with structured_outputs: the pattern decides where the output "
+                    "ends (EOS is allowed once it is a full match)")
 
     @property
     def greedy(self) -> bool:

@@ -24,6 +24,7 @@ class VocabTrie:
     levels: list[tuple[int, int]]
     token_node: np.ndarray          # int32 [V]: the node spelling each token; 0 for tokens never allowed
     vocab_size: int
+    token_bytes: list               # [V] each token's bytes (None: never allowed), what the trie was built from
 
     @classmethod
     def build(cls, token_bytes: list[bytes | None]) -> "VocabTrie":
@@ -55,7 +56,7 @@ class VocabTrie:
         depths = np.asarray(depth)[order]
         levels = [(int(np.searchsorted(depths, d)), int(np.searchsorted(depths, d, side="right")))
                   for d in range(1, int(depths.max()) + 1)] if len(depths) > 1 else []
-        return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes))
+        return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes), list(token_bytes))
 
     def walk(self, padded: np.ndarray, state: int) -> np.ndarray:
         """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died). `padded` is
@@ -94,14 +95,19 @@ class TokenIndex:
             ids = np.union1d(ids, np.asarray(self.eos_token_ids, dtype=ids.dtype))
         return ids
 
-    def mask(self, state: int):
-        """A bool tensor [vocab_size], True where allowed (cached per state)."""
+    def is_terminated(self, state: int) -> bool:
+        """The text is a full match and no token can extend it: only EOS is left."""
+        return self.is_accepting(state) and len(self.allowed[state]) == 0
+
+    def mask(self, state: int, size: int | None = None):
+        """A bool tensor [size or vocab_size], True where allowed (cached per state; ids past vocab_size, e.g. a
+        padded embedding's, are never allowed)."""
         import torch
-        m = self._masks.get(state)
+        m = self._masks.get((state, size))
         if m is None:
-            m = torch.zeros(self.vocab_size, dtype=torch.bool)
+            m = torch.zeros(max(size or 0, self.vocab_size), dtype=torch.bool)[:size or self.vocab_size]
             m[torch.from_numpy(self.allowed_token_ids(state).astype(np.int64))] = True
-            self._masks[state] = m
+            self._masks[(state, size)] = m
         return m
 
 
@@ -117,6 +123,28 @@ def build_token_index(dfa: DFA, trie: VocabTrie, eos_token_ids=()) -> TokenIndex
         allowed.append(tokens[ok])
         nexts.append(after[ok])
     return TokenIndex(dfa, allowed, nexts, tuple(eos_token_ids), trie.vocab_size, time.perf_counter() - t0)
+
+
+def prune_unspellable(index: TokenIndex, pattern: str = "") -> TokenIndex:
+    """Drop transitions into states from which no token sequence reaches a full match (a byte automaton can need
+    bytes no token spells). Every state left then offers a token or EOS, so a masked row is never all -inf.
+    Raises ValueError when the vocabulary cannot spell any match at all."""
+    n = index.dfa.num_states
+    good = index.dfa.accepting.copy()
+    while True:                       # grow "some token path reaches an accepting state" to a fixed point
+        new = good | np.array([bool(good[nx].any()) for nx in index.next_states], dtype=bool)
+        if (new == good).all():
+            break
+        good = new
+    if n == 0 or not good[index.dfa.start]:
+        raise ValueError(f"no text that this tokenizer can spell matches {pattern!r}: check the pattern (or "
+                         "schema) for an empty language")
+    if good.all():
+        return index
+    keep = [good[nx] for nx in index.next_states]
+    return TokenIndex(index.dfa, [ids[k] for ids, k in zip(index.allowed, keep)],
+                      [nx[k] for nx, k in zip(index.next_states, keep)], index.eos_token_ids, index.vocab_size,
+                      index.build_seconds)
 
 
 # ---------------------------------------------------------------------------------------------- caches
@@ -141,7 +169,8 @@ def regex_token_index(pattern: str, tokenizer) -> TokenIndex:
     if hit is not None:
         _INDEXES.move_to_end(key)
         return hit
-    index = build_token_index(compile_regex(pattern), key[1], sorted(tokenizer.stop_token_ids))
+    index = prune_unspellable(build_token_index(compile_regex(pattern), key[1], sorted(tokenizer.stop_token_ids)),
+                              pattern)
     _INDEXES[key] = index
     while len(_INDEXES) > INDEX_CACHE_SIZE:
         _INDEXES.popitem(last=False)
