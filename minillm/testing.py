@@ -495,3 +495,34 @@ def run_operations(cls, ops, *, num_blocks: int = 8, block_size: int = 2, **kw) 
 
 from minillm.grading.core import seal  # noqa: E402
 seal(globals())
+
+
+# --------------------------------------------------------------------------- a tiny byte-level tokenizer
+
+TINY_TOKENS = ['{"', '":', '": ', '",', '"}', ', "', '"name', 'true', 'false', 'null', 'name', 'age', '12', '00',
+               ' the', '-1', '.5', 'ab', 'abc', 'yes', 'no', 'é', '中', ' (', ') ', '555']
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer small enough for a tiny random model: the 256 single bytes (ids 0..255, so every
+    text is spellable and a multi-byte character can arrive byte by byte), the TINY_TOKENS above and their BPE
+    steps (multi-byte tokens: one JSON piece, a whole 'é' or '中'), then '<eos>' (special). Pair with
+    random_model(vocab=tiny_tokenizer().vocab_size)."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from minillm.loading.tokenizer import Tokenizer, _bytes_to_unicode
+    spell = _bytes_to_unicode()
+    vocab = {spell[b]: b for b in range(256)}
+    merges = []
+    for text in TINY_TOKENS:
+        chars = "".join(spell[b] for b in text.encode("utf-8"))
+        for i in range(2, len(chars) + 1):
+            if chars[:i] not in vocab:
+                merges.append((chars[:i - 1], chars[i - 1]))
+                vocab[chars[:i]] = len(vocab)
+    tok = HFTokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    eos = tok.token_to_id("<eos>")
+    return Tokenizer(tok, bos_token_id=None, eos_token_id=eos, add_bos_token=False, chat_template=None)
