@@ -21,8 +21,9 @@ STRING_CHAR = r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 INTEGER = r"-?(?:0|[1-9]\d*)"
 NUMBER = INTEGER + r"(?:\.\d+)?(?:[eE][+-]?\d+)?"
 _DAY31, _DAY30 = r"(?:0[1-9]|[12]\d|3[01])", r"(?:0[1-9]|[12]\d|30)"
-# every date these spell exists (February stops at 28: a leap day needs arithmetic on the year)
-DATE = (r"\d{4}-(?:(?:0[13578]|1[02])-" + _DAY31 + r"|(?:0[469]|11)-" + _DAY30 + r"|02-(?:0[1-9]|1\d|2[0-8]))")
+# every date these spell exists (years 0001-9999; February stops at 28: a leap day needs arithmetic on the year)
+YEAR = r"(?:\d{3}[1-9]|\d\d[1-9]\d|\d[1-9]\d\d|[1-9]\d{3})"
+DATE = (YEAR + r"-(?:(?:0[13578]|1[02])-" + _DAY31 + r"|(?:0[469]|11)-" + _DAY30 + r"|02-(?:0[1-9]|1\d|2[0-8]))")
 TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 FORMATS = {
     "date": DATE,
