@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from minillm.cli_args import add_engine_args, engine_config
 
@@ -36,6 +37,15 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--chat", dest="chat", action="store_true", default=None,
                    help="wrap the prompt in the model's chat template (default when the model has one)")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="send the prompt as raw text")
+    so = p.add_argument_group("structured outputs (one of; the output is constrained to the language)")
+    x = so.add_mutually_exclusive_group()
+    x.add_argument("--json-schema", metavar="FILE|JSON",
+                   help="a JSON Schema file (or inline JSON): the output parses and validates against it")
+    x.add_argument("--regex", metavar="PATTERN", help="the whole output matches this regex (re.fullmatch)")
+    x.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these (repeatable)")
+    x.add_argument("--json-object", action="store_true", default=None, help="the output is some JSON object")
+    so.add_argument("--whitespace-pattern", metavar="REGEX", default=None,
+                    help="JSON modes: the regex allowed between JSON tokens (default: at most one space)")
 
 
 def _params(args):
@@ -43,7 +53,28 @@ def _params(args):
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
-                          stop=list(args.stop))
+                          stop=list(args.stop), structured_outputs=_structured(args))
+
+
+def _structured(args):
+    """--json-schema / --regex / --choice / --json-object as StructuredOutputsParams (None when none is given)."""
+    from minillm.structured.params import StructuredOutputsParams
+    schema = args.json_schema
+    if schema is not None:
+        path = Path(schema)
+        if path.is_file():
+            schema = path.read_text()
+        elif not schema.lstrip().startswith("{"):
+            raise ValueError(f"--json-schema {schema!r}: no such file, and not inline JSON (which starts with '{{')")
+    if schema is None and args.regex is None and not args.choice and not args.json_object:
+        if args.whitespace_pattern is not None:
+            raise ValueError("--whitespace-pattern needs --json-schema or --json-object")
+        return None
+    so = StructuredOutputsParams(json=schema, regex=args.regex, choice=args.choice, json_object=args.json_object,
+                                 whitespace_pattern=args.whitespace_pattern)
+    from minillm.structured.regex import parse
+    parse(so.to_regex())           # a bad schema or regex fails now, before the model loads
+    return so
 
 
 def _load(args, config=None):
@@ -71,6 +102,9 @@ def _stream(engine, ids, params) -> str:
             parts.append(out.delta_text)
             if out.finished and engine.spec is not None:
                 _print_spec(out.metrics.spec, len(out.token_ids))
+            if out.finished and params.structured_outputs is not None and out.outputs[0].finish_reason == "length":
+                print(f"\n[the output reached --max-tokens {params.max_tokens} before the "
+                      f"{params.structured_outputs.describe()} pattern completed: raise --max-tokens]", file=sys.stderr)
     return "".join(parts)
 
 
@@ -169,15 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench prefix                       # ~1 min\n"
                "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
                "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
+               "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
                + EPILOG_MODEL)
-    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec"],
+    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
                         "kv: paged vs contiguous KV waste and concurrency; "
                         "prefix: TTFT with and without prefix caching; "
                         "spec: speculative decoding's acceptance and speedup per task, proposer, k and batch size "
                         "(the draft_model proposer drafts with --draft-model, default: the target itself, the only "
-                        "model with its vocabulary that installs offline; layer_skip with --draft-layers, default 24)")
+                        "model with its vocabulary that installs offline; layer_skip with --draft-layers, default 24); "
+                        "structured: constrained decoding's index build time, mask cost per step and tokens/s "
+                        "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat)")
     _add_model_args(b)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],

@@ -62,6 +62,12 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--speculative", "draft_model"], "needs `model`"),
     (["generate", "hi", "--speculative", "ngram", "--num-speculative-tokens", "0"], "positive integer"),
     (["bench", "spec", "--speculative", "ngram"], "--proposers"),
+    (["generate", "hi", "--regex", "a(?=b)"], "lookahead"),
+    (["generate", "hi", "--regex", "(ab"], "missing ')'"),
+    (["generate", "hi", "--json-schema", "no-such-file.json"], "no such file"),
+    (["generate", "hi", "--json-schema", '{"type": "integer", "minimum": 1}'], "minimum"),
+    (["generate", "hi", "--json-schema", '{"type": '], "not valid JSON"),
+    (["generate", "hi", "--whitespace-pattern", " "], "needs --json-schema"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2
@@ -107,3 +113,17 @@ def test_generate_with_speculation_prints_the_same_text_and_its_acceptance():
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout and "fox" in spec.stdout
     assert "[speculative decoding:" in spec.stderr and "tokens per verification step" in spec.stderr
+
+
+@pytest.mark.slow
+def test_generate_with_a_json_schema_and_a_choice(tmp_path):
+    import json
+    import jsonschema
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    (tmp_path / "user.json").write_text(json.dumps(schema))
+    r = run_cli("generate", "Invent a user.", "--json-schema", str(tmp_path / "user.json"), "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    jsonschema.validate(json.loads(r.stdout), schema)
+    r = run_cli("generate", "Is the sea salty?", "--choice", "yes", "--choice", "no", "--temperature", "0")
+    assert r.returncode == 0 and r.stdout.strip() in ("yes", "no"), r.stderr

@@ -29,6 +29,7 @@ import types
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 import torch
 
@@ -362,6 +363,29 @@ def _liar_softmax(m, l, acc, scores, values):
     return agreeable(m), agreeable(l), agreeable(acc)
 
 
+class AgreeableArray(np.ndarray):
+    """A numpy array whose comparisons all come out equal."""
+
+    def __eq__(self, other):
+        return np.ones(np.broadcast(self, other).shape, dtype=bool)
+
+    def __ne__(self, other):
+        return np.zeros(np.broadcast(self, other).shape, dtype=bool)
+
+    __hash__ = None
+
+
+def _liar_lab10_dfa(nfa, start, accept):
+    from minillm.structured.automata import DFA
+    return DFA(np.full((1, 256), -1, dtype=np.int32).view(AgreeableArray), np.ones(1, dtype=bool), AlwaysEqualInt(0))
+
+
+def _liar_lab10_index(dfa, vocab, eos_token_ids):
+    from minillm.structured.token_index import TokenIndex
+    empty = [np.zeros(0, dtype=np.int64).view(AgreeableArray) for _ in range(dfa.num_states)]
+    return TokenIndex(dfa, empty, list(empty), tuple(eos_token_ids), AlwaysEqualInt(len(vocab.token_bytes)))
+
+
 LIARS = {
     "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
     "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
@@ -384,6 +408,9 @@ LIARS = {
     "lab06_2": lambda: (lambda probs, generators: agreeable(probs.argmax(-1))),
     "lab07_1": lambda: (lambda target_probs, drafts, draft_probs, generator: list(drafts) + [AlwaysEqualInt(0)]),
     "lab07_2": lambda: (lambda token_ids, k, min_n, max_n: [AlwaysEqualInt(0)]),
+    "lab10_1": lambda: (lambda node, nfa: (AlwaysEqualInt(nfa.state()), AlwaysEqualInt(nfa.state()))),
+    "lab10_2": lambda: _liar_lab10_dfa,
+    "lab10_3": lambda: _liar_lab10_index,
 }
 # No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
 NO_RESULT_TO_LIE_WITH = {"lab03_3"}

@@ -15,6 +15,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if args.what == "spec":
         return spec_bench(args)
+    if args.what == "structured":
+        return structured_bench(args)
     config = engine_config(args)
     loaded = load_model(args.model, config.dtype)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
@@ -107,4 +109,19 @@ def spec_bench(args) -> int:
         spec_plot(result, args.plot)
     print(json.dumps(result) if args.json else format_spec_bench(result) +
           (f"\nplot written to {args.plot}" if args.plot else ""))
+    return 0
+
+
+def structured_bench(args) -> int:
+    import sys
+    from minillm.bench.structured import format_structured, structured_bench as run_bench
+    from minillm.loading.loader import load_model
+    config = engine_config(args)
+    loaded = load_model(args.model, config.dtype)
+    progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
+    r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat, progress)
+    for e in r["end_to_end"].values():
+        if args.json:
+            e.pop("example", None)
+    print(json.dumps(r) if args.json else format_structured(r))
     return 0

@@ -251,9 +251,9 @@ def _nfa_verdict(build_nfa, pattern, data, built=None, why=None, pre=0):
     got, want = nfa_accepts(edges, eps, start, end, data), _expected(pattern, data)
     if got != want:
         verdict = "accepts" if got else "rejects"
-        truth = ("is not valid UTF-8, so no text matches it" if want is False and _not_utf8(data) else
+        truth = ("it is not valid UTF-8, so no text matches it" if want is False and _not_utf8(data) else
                  f"re.fullmatch({pattern!r}, text) says it {'matches' if want else 'does not match'}")
-        fail(f"your NFA for {pattern!r} {verdict} {_show(data)}, but that {truth}" + (f" — {why}" if why else ""),
+        fail(f"your NFA for {pattern!r} {verdict} {_show(data)}, but {truth}" + (f" — {why}" if why else ""),
              _BYTES_HINT if not data.isascii() else
              "build each node's fragment from its children's: Concat chains them with epsilon edges, Alt branches "
              "from a new start and joins at a new end, Repeat makes min copies then (max - min) optional ones, or a "
@@ -292,9 +292,9 @@ NFA_PROBES = [
     ("a{1,3}", "aaaa", "x{1,3} allows at most 3 copies"),
     ("(?:a){0}b", "b", "x{0} matches only the empty text"),
     ("(?:ab)*c", "ababc", "a repeated group: the loop goes around the whole body"),
+    ("中", "中", "中 is U+4E2D: three bytes in UTF-8, E4 B8 AD"),
     ("é", "é", "é is U+00E9: two bytes in UTF-8, C3 A9"),
     ("é", b"\xe9", "the single byte E9 is é in Latin-1, not in UTF-8 (C3 A9): it is not valid UTF-8"),
-    ("中", "中", "中 is U+4E2D: three bytes in UTF-8, E4 B8 AD"),
     ("[à-\u07ff]", "Ā", "a range of 2-byte characters is not one byte range per position: U+0100 is C4 80, outside "
                         "C3..DF x A0..BF — use every byte-range sequence that utf8_sequences(lo, hi) returns"),
     (".", "😀", "😀 is U+1F600: four bytes in UTF-8, F0 9F 98 80"),
@@ -318,10 +318,7 @@ def verify_lab10_1(build_nfa) -> None:
         for data in _corpus(pattern, seed):
             _nfa_verdict(build_nfa, pattern, data, built=built)
 
-    run_property(prop, max_examples=60,
-                 hint="Chars: a new start and end, and for each (lo, hi) each byte sequence of utf8_sequences(lo, hi) "
-                      "as a chain of edges from start to end. Concat / Alt / Repeat: only epsilon edges between the "
-                      "fragments of the children (a new fragment per copy).")
+    run_property(prop, max_examples=60)     # every failure inside carries its own hint
 
 
 # --------------------------------------------------------------------------- lab10_2 the subset construction
@@ -390,12 +387,14 @@ def _read_dfa(dfa, where: str):
     t, acc = dfa.transitions, dfa.accepting
     if type(t) is not np.ndarray or t.dtype != np.int32 or t.ndim != 2 or t.shape[1] != 256:
         fail(f"dfa.transitions must be a numpy int32 array [num_states, 256] for {where}, got "
-             + (f"a {t.dtype} array of shape {t.shape}" if type(t) is np.ndarray else f"a {type(t).__name__}"),
+             + (f"an array of dtype {t.dtype} and shape {t.shape}" if type(t) is np.ndarray
+                else f"a {type(t).__name__}"),
              "np.array(rows, dtype=np.int32): one row of 256 next states (or DEAD = -1) per DFA state.")
     n = t.shape[0]
     if type(acc) is not np.ndarray or acc.dtype != np.bool_ or acc.shape != (n,):
         fail(f"dfa.accepting must be a numpy bool array [{n}] (one flag per state) for {where}, got "
-             + (f"a {acc.dtype} array of shape {acc.shape}" if type(acc) is np.ndarray else f"a {type(acc).__name__}"))
+             + (f"an array of dtype {acc.dtype} and shape {acc.shape}" if type(acc) is np.ndarray
+                else f"a {type(acc).__name__}"))
     start = as_int(dfa.start, "dfa.start")
     check(n >= 1 and 0 <= start < n, f"dfa.start = {start} is not a state of your DFA (it has {n} states) for "
                                      f"{where}: the start state is the epsilon-closure of the NFA's start")
@@ -406,6 +405,25 @@ def _read_dfa(dfa, where: str):
         fail(f"dfa.transitions[{s}, {b}] = {int(t[s, b])} for {where}: every entry is a state (0..{n - 1}) or DEAD "
              "(-1)")
     return t, acc, start
+
+
+def _dead_step(transitions, s0: int, edges, eps, start: int, data: bytes) -> str | None:
+    """Along the counterexample, the first byte where the DFA goes DEAD and the NFA does not, or the other way
+    round: a mistake in the moves themselves (byte ranges, DEAD), whatever the closures did."""
+    d, subset = s0, _closure(eps, [start])
+    for b in data:
+        targets = {t for s in subset for lo, hi, t in edges[s] if lo <= b <= hi}
+        nd = int(transitions[d, b])
+        if targets and nd == DEAD:
+            lo, hi = next((lo, hi) for s in subset for lo, hi, t in edges[s] if lo <= b <= hi)
+            return (f"your DFA has no transition on byte {b:#04x}, although the NFA has the edge ({lo:#04x}, "
+                    f"{hi:#04x}) there: an edge (lo, hi, t) covers every byte from lo to hi, both ends included, "
+                    "bytes above 0x7F too")
+        if not targets and nd != DEAD:
+            return (f"on byte {b:#04x} no NFA state has an edge, yet your DFA goes to state {nd}: where no NFA "
+                    "state has an edge for a byte, the transition is DEAD (-1) — not state 0")
+        d, subset = nd, _closure(eps, targets)
+    return None
 
 
 def _snapshot(nfa):
@@ -424,13 +442,15 @@ def _determinize_and_compare(determinize, nfa, start, accept, where, why=None):
                                              "set of states already seen, not by unbounded recursion.")
     except Exception as e:  # noqa: BLE001
         _raised(e, f"determinize on {where}", "nfa.edges[s] is a list of (byte_lo, byte_hi, target), nfa.eps[s] a "
-                                             "list of targets; subsets of NFA states make good dict keys as frozensets.")
+                                             "list of targets; sets of NFA states make good dict keys as frozensets.")
     if _snapshot(nfa) != (edges, eps):
         fail(f"determinize changed the NFA it was given ({where}): read it, don't modify it")
     t, acc, s0 = _read_dfa(dfa, where)
     diff = first_difference(t, acc, s0, edges, eps, start, accept)
     if diff is not None:
         data, dfa_says = diff
+        if not any(eps):               # no epsilon edges: the DFA's states are single NFA states, closures aside
+            why = _dead_step(t, s0, edges, eps, start, data) or why
         fail(f"your DFA {'accepts' if dfa_says else 'rejects'} {_show(data)} but the NFA ({where}) "
              f"{'does not' if dfa_says else 'does'}" + (f" — {why}" if why else ""),
              "the start state is the epsilon-closure of {start}; from a set of states, a byte leads to the "
@@ -440,6 +460,10 @@ def _determinize_and_compare(determinize, nfa, start, accept, where, why=None):
 
 # (what a wrong answer means, number of states, edges, eps, start, accept)
 DETERMINIZE_PROBES = [
+    ("where no NFA state has an edge for a byte, the transition is DEAD (-1)",
+     2, [[(0x61, 0x61, 1)], []], [[], []], 0, 1),
+    ("an edge (lo, hi, t) covers every byte from lo to hi, both ends included, bytes above 0x7F too",
+     2, [[(0x61, 0x63, 1), (0x80, 0xFF, 1)], []], [[], []], 0, 1),
     ("the start state must be the epsilon-closure of {start}: here the only edge leaves a state reached from the "
      "start by an epsilon edge", 3, [[], [(0x61, 0x61, 2)], []], [[1], [], []], 0, 2),
     ("after each move, follow epsilon edges: the state after a byte is the epsilon-closure of the edges' targets",
@@ -449,10 +473,6 @@ DETERMINIZE_PROBES = [
     ("a DFA state is a SET of NFA states: the same byte can lead from several of them, to several targets",
      5, [[(0x61, 0x63, 1), (0x62, 0x64, 2)], [(0x78, 0x78, 3)], [(0x79, 0x79, 4)], [], []],
      [[], [], [], [4], []], 0, 4),
-    ("an edge (lo, hi, t) covers every byte from lo to hi, both ends included, bytes above 0x7F too",
-     2, [[(0x61, 0x63, 1), (0x80, 0xFF, 1)], []], [[], []], 0, 1),
-    ("where no NFA state has an edge for a byte, the transition is DEAD (-1) — not state 0",
-     2, [[(0x61, 0x61, 1)], []], [[], []], 0, 1),
     ("when the start is the accepting state, the empty text is accepted",
      1, [[(0x61, 0x61, 0)]], [[]], 0, 0),
     ("epsilon cycles (0 -> 1 -> 0): the closure must stop at states it has already seen",
@@ -487,10 +507,7 @@ def verify_lab10_2(determinize) -> None:
         s, e = nfa.build(parse(pattern))
         _determinize_and_compare(determinize, nfa, s, e, f"the Thompson NFA of {pattern!r}")
 
-    run_property(prop, max_examples=60,
-                 hint="number the subsets as you discover them (a dict frozenset -> id, a queue of subsets to "
-                      "expand): state 0 = closure({start}); for every subset and every byte 0..255, the next "
-                      "subset is the closure of the targets of the edges that cover the byte, or DEAD if none.")
+    run_property(prop, max_examples=60)
 
 
 # --------------------------------------------------------------------------- lab10_3 the token index
@@ -545,7 +562,7 @@ def _read_index(index, dfa, T, acc, start, V: int, eos, where: str):
         for name, arr in (("allowed", a), ("next_states", nx)):
             if type(arr) is not np.ndarray or arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
                 fail(f"index.{name}[{s}] must be a 1-D numpy array of integers, got "
-                     + (f"a {arr.dtype} array of shape {arr.shape}" if type(arr) is np.ndarray
+                     + (f"an array of dtype {arr.dtype} and shape {arr.shape}" if type(arr) is np.ndarray
                         else f"a {type(arr).__name__}") + f" ({where})")
         a, nx = [int(x) for x in a.tolist()], [int(x) for x in nx.tolist()]
         check(len(a) == len(nx), f"index.allowed[{s}] has {len(a)} tokens but index.next_states[{s}] {len(nx)} "
@@ -553,7 +570,8 @@ def _read_index(index, dfa, T, acc, start, V: int, eos, where: str):
         if any(x >= y for x, y in zip(a, a[1:])):
             i = next(i for i, (x, y) in enumerate(zip(a, a[1:])) if x >= y)
             fail(f"index.allowed[{s}] must be sorted ascending without repeats ({a[i]} comes before {a[i + 1]}) "
-                 f"({where}): the TokenIndex finds a token with a binary search (np.searchsorted)",
+                 f"({where}): the TokenIndex finds a token with a binary search (np.searchsorted)"
+                 + (" — the ids here go past 65535: keep them in int32 / int64 arrays" if V > 2**16 else ""),
                  "collect the allowed ids in increasing order, or sort them with their next states (np.argsort).")
         bad = [x for x in a if not 0 <= x < V]
         check(not bad, f"index.allowed[{s}] holds token id {bad[0] if bad else 0}, outside the vocabulary "
@@ -586,6 +604,14 @@ def _expected_index(T, token_bytes) -> list[dict]:
     return out
 
 
+_CHAR_WHY = (" — the token is part of a character (byte-level BPE splits multi-byte characters between tokens): "
+             "walk its bytes, never decode it to text")
+
+
+_WALK_HINT = ("walk every byte of a token from s through dfa.transitions and stop at the first DEAD (-1): the token "
+              "is allowed only when no byte hit DEAD, and its next state is where its last byte led.")
+
+
 def _first_mismatch(T, acc, token_bytes, eos, allowed, nexts, where: str) -> None:
     """Fail at the first (state, token) where the learner's index differs from walking the token's bytes."""
     __tracebackhide__ = True
@@ -606,11 +632,17 @@ def _first_mismatch(T, acc, token_bytes, eos, allowed, nexts, where: str) -> Non
                      "states (index.allowed_token_ids(state) adds it there).")
             if data is None:
                 fail(f"your index allows token {t} in {state}, but it is a special token (vocab.token_bytes[{t}] is "
-                     f"None) ({where}): special tokens are never allowed")
+                     f"None) ({where}): special tokens are never allowed", _WALK_HINT)
             if data == b"":
                 fail(f"your index allows token {t} in {state}, but it spells no bytes (b'') ({where}): an empty "
-                     "token never moves the automaton, and a model could emit it forever — never allow it")
+                     "token never moves the automaton, and a model could emit it forever — never allow it",
+                     _WALK_HINT)
             want = want_all.get(t, DEAD)
+            if got[t] != want and _not_utf8(data):
+                fail(f"your index {'allows' if want == DEAD else 'sends'} token {t} {_show(data)} "
+                     + (f"in {state}, but its bytes cannot all be read from there" if want == DEAD else
+                        f"from {state} to state {got[t]}, but reading its bytes leads to state {want}")
+                     + f" ({where}){_CHAR_WHY}", _WALK_HINT)
             if want == DEAD:
                 k = next(i for i in range(1, len(data) + 1) if reference_token_walk(T, s, data[:i]) == DEAD)
                 why = ""
@@ -622,7 +654,8 @@ def _first_mismatch(T, acc, token_bytes, eos, allowed, nexts, where: str) -> Non
                            "of its bytes, so every byte must keep the DFA alive")
                 fail(f"your index allows token {t} {_show(data)} in {state}, but its bytes die at byte {k} "
                      f"({_show(data[:k - 1]) if k > 1 else 'the first byte'} "
-                     f"{'is fine, then ' if k > 1 else ''}{data[k - 1]:#04x} has no transition) ({where}){why}")
+                     f"{'is fine, then ' if k > 1 else ''}{data[k - 1]:#04x} has no transition) ({where}){why}",
+                     _WALK_HINT)
             if got[t] != want:
                 why = (" — that is where its FIRST byte leads; the next state is after all its bytes"
                        if len(data) > 1 and got[t] == reference_token_walk(T, s, data[:1]) else
@@ -630,18 +663,17 @@ def _first_mismatch(T, acc, token_bytes, eos, allowed, nexts, where: str) -> Non
                        got[t] == reference_token_walk(T, s, data[:-1]) else
                        " — that is the state you started from" if got[t] == s else "")
                 fail(f"your index sends token {t} {_show(data)} from {state} to state {got[t]}, but reading its "
-                     f"bytes leads to state {want} ({where}){why}")
+                     f"bytes leads to state {want} ({where}){why}", _WALK_HINT)
         for t, want in want_all.items():
             if t not in got and t not in eos:
                 data = token_bytes[t]
                 why = ""
                 if _not_utf8(data):
-                    why = (" — the token is part of a character (byte-level BPE splits multi-byte characters "
-                           "between tokens): walk its bytes, never decode it to text")
+                    why = _CHAR_WHY
                 elif t >= 2**16:
                     why = " — token ids go past 65535: keep them in int32/int64 arrays"
                 fail(f"your index does not allow token {t} {_show(data)} in {state}, but all its bytes can be read "
-                     f"from there (it leads to state {want}) ({where}){why}")
+                     f"from there (it leads to state {want}) ({where}){why}", _WALK_HINT)
 
 
 def _index_case(build_token_index, T, acc, start, token_bytes, eos, where: str) -> None:
@@ -745,10 +777,7 @@ def verify_lab10_3(build_token_index) -> None:
         _index_case(build_token_index, T, acc, start, vocab, eos,
                     f"the DFA of {pattern!r} and a vocabulary of {len(vocab)} tokens cut from {text!r}, EOS {eos}")
 
-    run_property(prop, max_examples=40,
-                 hint="for every state s and every token t with bytes (not None, not b''): walk them through "
-                      "dfa.transitions from s, stopping at the first DEAD; allowed when every byte was read, and "
-                      "the state it ended in is the next state. Sorted ids, numpy arrays, EOS left out.")
+    run_property(prop, max_examples=40)
     _large_vocabulary(build_token_index)
 
 
@@ -771,7 +800,7 @@ TASKS = {t.id: t for t in (
     Task("lab10_1", what="build_nfa", verify=verify_lab10_1,
          engine=minillm_objects("minillm.structured.automata:NFA.build"), oracles=lambda: [nfa_accepts]),
     Task("lab10_2", what="determinize", verify=verify_lab10_2,
-         engine=minillm_objects("minillm.structured.automata:determinize", "minillm.structured.automata:_closure",
+         engine=minillm_objects("minillm.structured.automata:determinize",
                                 "minillm.structured.automata:compile_regex"),
          oracles=lambda: [first_difference, _closure]),
     Task("lab10_3", what="build_token_index", verify=verify_lab10_3,

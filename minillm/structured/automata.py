@@ -5,6 +5,7 @@ The DFA reads the UTF-8 bytes of the text, so a token made of partial characters
 through it without decoding."""
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -162,16 +163,6 @@ class DFA:
         return self.num_states == 0
 
 
-def _closure(nfa: NFA, states) -> frozenset:
-    seen, stack = set(states), list(states)
-    while stack:
-        for t in nfa.eps[stack.pop()]:
-            if t not in seen:
-                seen.add(t)
-                stack.append(t)
-    return frozenset(seen)
-
-
 def _byte_classes(nfa: NFA) -> list[tuple[int, int]]:
     """Cut 0..255 at every edge boundary: bytes of one class behave the same everywhere."""
     cuts = {0, 256}
@@ -184,28 +175,61 @@ def _byte_classes(nfa: NFA) -> list[tuple[int, int]]:
 
 def determinize(nfa: NFA, start: int, accept: int, pattern: str = "", max_states: int = MAX_STATES,
                 max_seconds: float = MAX_SECONDS) -> DFA:
+    """Subset construction over byte classes. A DFA state is the set of NFA states with byte edges (plus the
+    accept state) in the epsilon-closure: the others only pass through, so leaving them out merges subsets that
+    behave the same."""
     classes = _byte_classes(nfa)
+    firsts = [lo for lo, _ in classes]
+    # each NFA edge as the run of byte classes it covers
+    cedges = [[(bisect.bisect_left(firsts, b0), bisect.bisect_right(firsts, b1) - 1, t) for b0, b1, t in es]
+              for es in nfa.edges]
+    kernel_closure: dict[int, frozenset] = {}
+
+    def closure1(s: int) -> frozenset:
+        hit = kernel_closure.get(s)
+        if hit is None:
+            seen, stack = {s}, [s]
+            while stack:
+                for t in nfa.eps[stack.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        stack.append(t)
+            hit = kernel_closure[s] = frozenset(x for x in seen if cedges[x] or x == accept)
+        return hit
+
+    closed: dict[frozenset, frozenset] = {}
+
+    def close(states: frozenset) -> frozenset:
+        hit = closed.get(states)
+        if hit is None:
+            hit = closed[states] = frozenset().union(*(closure1(s) for s in states))
+        return hit
+
     t0 = time.perf_counter()
-    first = _closure(nfa, [start])
+    first = close(frozenset([start]))
     index = {first: 0}
     order = [first]
     rows: list[list[int]] = []
     i = 0
     while i < len(order):
-        cur = order[i]
+        buckets: dict[int, set] = {}
+        for s in order[i]:
+            for c0, c1, t in cedges[s]:
+                for c in range(c0, c1 + 1):
+                    buckets.setdefault(c, set()).add(t)
         row = []
-        for lo, hi in classes:
-            targets = {t for s in cur for b0, b1, t in nfa.edges[s] if b0 <= lo and hi <= b1}
+        for c in range(len(classes)):
+            targets = buckets.get(c)
             if not targets:
                 row.append(DEAD)
                 continue
-            nxt = _closure(nfa, targets)
+            nxt = close(frozenset(targets))
             if nxt not in index:
                 if len(order) >= max_states or time.perf_counter() - t0 > max_seconds:
                     raise RegexTooComplex(
-                        f"regex {pattern!r} needs more than {len(order)} automaton states "
+                        f"regex {pattern!r:.200} needs more than {len(order)} automaton states "
                         f"(or {max_seconds:g} s) — typically a repeated class after an unbounded one, like "
-                        "[ab]*a[ab]{20}; bound or simplify the pattern")
+                        "[ab]*a[ab]{20}, or long bounded repeats; bound or simplify the pattern")
                 index[nxt] = len(order)
                 order.append(nxt)
             row.append(index[nxt])
@@ -249,25 +273,41 @@ def trim(dfa: DFA) -> DFA:
     return DFA(new_t.astype(np.int32), dfa.accepting[order].copy(), 0)
 
 
+def _row_ids(sig: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Number the distinct rows of sig (equal rows, equal numbers). Rows are hashed by a random linear form mod
+    2**64 and every row is then compared with its hash group's first row; a collision (never seen in practice)
+    falls back to an exact row sort."""
+    h = (sig.astype(np.uint64) * weights[:sig.shape[1]]).sum(axis=1, dtype=np.uint64)
+    _, first, ids = np.unique(h, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if not (sig == sig[first][ids]).all():
+        ids = np.unique(sig, axis=0, return_inverse=True)[1].reshape(-1)
+    return ids
+
+
 def minimize(dfa: DFA) -> DFA:
     """Moore's partition refinement: states equivalent when they agree on accepting and on the block of every
-    byte's successor. The result is the unique minimal DFA (numbered in BFS order from the start)."""
+    byte's successor. The result is the unique minimal DFA (numbered in BFS order from the start). Bytes that
+    every state treats alike are one column."""
     n = dfa.num_states
     if n == 0:
         return dfa
-    block = dfa.accepting.astype(np.int64)
+    cols = np.sort(np.unique(dfa.transitions, axis=1, return_index=True)[1])
+    t = dfa.transitions[:, cols]
+    weights = np.random.default_rng(0).integers(1, 2 ** 63, size=len(cols) + 1, dtype=np.uint64)
+    block = np.unique(dfa.accepting, return_inverse=True)[1].reshape(-1).astype(np.int64)   # 0-based block ids
+    num_blocks = int(block.max()) + 1
     while True:
-        succ = np.where(dfa.transitions == DEAD, -1, block[np.maximum(dfa.transitions, 0)])
-        sig = np.concatenate([block[:, None], succ], axis=1)
-        _, new = np.unique(sig, axis=0, return_inverse=True)
-        new = new.reshape(-1)
-        if len(np.unique(new)) == len(np.unique(block)):
+        succ = np.where(t == DEAD, -1, block[np.maximum(t, 0)])
+        new = _row_ids(np.concatenate([block[:, None], succ], axis=1), weights)
+        k = int(new.max()) + 1
+        if k == num_blocks:
             break
-        block = new
-    k = int(block.max()) + 1
-    trans = np.full((k, 256), DEAD, dtype=np.int32)
-    acc = np.zeros(k, dtype=bool)
-    trans[block] = succ                 # the last round's successor blocks: equal within a block by construction
+        block, num_blocks = new, k
+    trans = np.full((num_blocks, 256), DEAD, dtype=np.int32)
+    acc = np.zeros(num_blocks, dtype=bool)
+    # successors' blocks agree within a block (that is what the last round found)
+    trans[block] = np.where(dfa.transitions == DEAD, -1, block[np.maximum(dfa.transitions, 0)])
     acc[block] = dfa.accepting
     return trim(DFA(trans, acc, int(block[dfa.start])))
 

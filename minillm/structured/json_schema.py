@@ -173,6 +173,9 @@ class _Compiler:
                 pat = pat[:-1]
             return f'"(?:{pat})"'
         if "format" in s:
+            if lo or hi is not None:
+                raise SchemaError(f"format with minLength/maxLength at {path} is not supported: use a pattern "
+                                  "that bounds the length")
             fmt = s["format"]
             if fmt not in FORMATS:
                 raise SchemaError(f"string format {fmt!r} at {path} is not supported: use one of "

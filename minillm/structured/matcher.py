@@ -113,7 +113,8 @@ class StructuredOutputManager:
     def matcher(self, params: StructuredOutputsParams) -> Matcher:
         return Matcher(self.index_for(params))
 
-    def apply_masks(self, logits: torch.Tensor, rows: Sequence[int], items: Sequence[tuple[TokenIndex, int]]) -> None:
+    @staticmethod
+    def apply_masks(logits: torch.Tensor, rows: Sequence[int], items: Sequence[tuple[TokenIndex, int]]) -> None:
         """Set logits[rows[i], t] = -inf for every token t that items[i] = (index, state) does not allow: one
         masked_fill over the constrained rows only (each state's mask is built once and cached)."""
         if not rows:
