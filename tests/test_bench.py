@@ -135,3 +135,15 @@ def test_bench_spec_cli_small(tmp_path):
     # not a timing threshold: copying a passage is predictable, so most drafts are accepted and the text is unchanged
     assert ngram["same_text"] and ngram["acceptance"] > 0.5 and ngram["tokens_per_step"] > 2
     assert (tmp_path / "s.png").exists()
+
+
+@pytest.mark.slow
+def test_bench_structured_cli_small():
+    r = bench("structured", "--batch-sizes", "1", "2", "--max-tokens", "12")
+    b = r["build"]
+    assert b["vocab_size"] == 49152 and b["trie_s"] > 0
+    for name, p in b["patterns"].items():
+        assert p["dfa_states"] > 0 and p["index_s"] > 0 and 0 < p["mask_share_of_decode_step"] < 1, name
+    for bs in ("batch1", "batch2"):
+        e = r["end_to_end"][bs]
+        assert e["constrained_tok_s"] > 0 and e["unconstrained_tok_s"] > 0 and "/" in e["complete_and_valid"]
