@@ -18,13 +18,16 @@ from minillm.structured.automata import DEAD, DFA, compile_regex
 
 @dataclass(eq=False)          # hashed by identity: the index cache keys on the trie object itself
 class VocabTrie:
-    """Nodes 1..n in order of depth (0 is the root). levels[d] = (first, end) node slice at depth d + 1."""
+    """Nodes 1..n in breadth-first order (0 is the root): levels[d] = (first, end) is the node slice at depth d + 1,
+    and each node's children are the contiguous slice child_lo[i]:child_hi[i]."""
     parent: np.ndarray              # int32 [n + 1]
     byte: np.ndarray                # uint8 [n + 1]
     levels: list[tuple[int, int]]
     token_node: np.ndarray          # int32 [V]: the node spelling each token; 0 for tokens never allowed
     vocab_size: int
     token_bytes: list               # [V] each token's bytes (None: never allowed), what the trie was built from
+    child_lo: np.ndarray = None     # int64 [n + 1]
+    child_hi: np.ndarray = None
 
     @classmethod
     def build(cls, token_bytes: list[bytes | None]) -> "VocabTrie":
@@ -44,19 +47,27 @@ class VocabTrie:
                     depth.append(depth[node] + 1)
                 node = nxt
             token_node[tid] = node
-        # renumber by depth so each level is a contiguous slice whose parents come before it
-        order = np.argsort(np.asarray(depth), kind="stable")
+        # renumber breadth-first: each level is a contiguous slice, and so are each node's children
+        order = [0]
+        for node in order:
+            order.extend(kid for _, kid in sorted(children[node].items()))
         new_id = np.empty(len(order), dtype=np.int64)
-        new_id[order] = np.arange(len(order))
+        new_id[np.asarray(order)] = np.arange(len(order))
         parent = np.zeros(len(order), dtype=np.int32)
         byte = np.zeros(len(order), dtype=np.uint8)
+        child_lo = np.zeros(len(order), dtype=np.int64)
+        child_hi = np.zeros(len(order), dtype=np.int64)
         for old, kids in enumerate(children):
+            ids = [new_id[kid] for kid in kids.values()]
+            if ids:
+                child_lo[new_id[old]], child_hi[new_id[old]] = min(ids), max(ids) + 1
             for b, kid in kids.items():
                 parent[new_id[kid]], byte[new_id[kid]] = new_id[old], b
-        depths = np.asarray(depth)[order]
+        depths = np.asarray(depth)[np.asarray(order)]
         levels = [(int(np.searchsorted(depths, d)), int(np.searchsorted(depths, d, side="right")))
                   for d in range(1, int(depths.max()) + 1)] if len(depths) > 1 else []
-        return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes), list(token_bytes))
+        return cls(parent, byte, levels, new_id[token_node].astype(np.int32), len(token_bytes), list(token_bytes),
+                   child_lo, child_hi)
 
     def walk(self, padded: np.ndarray, state: int) -> np.ndarray:
         """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died). `padded` is
@@ -65,6 +76,28 @@ class VocabTrie:
         at[0] = state
         for first, end in self.levels:
             at[first:end] = padded[at[self.parent[first:end]], self.byte[first:end]]
+        return at
+
+    def walk_live(self, padded: np.ndarray, state: int) -> np.ndarray:
+        """walk(), descending only below nodes whose text is still alive: a state that allows few tokens touches
+        few nodes (a dead prefix's whole subtree is skipped)."""
+        at = np.full(len(self.parent), DEAD, dtype=np.int32)
+        at[0] = state
+        nodes = np.array([0], dtype=np.int64)
+        states = np.array([state], dtype=np.int32)
+        while len(nodes):
+            lo, hi = self.child_lo[nodes], self.child_hi[nodes]
+            counts = hi - lo
+            total = int(counts.sum())
+            if total == 0:
+                break
+            # the children of every live node, each with its parent's state
+            starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+            kids = starts + np.arange(total)
+            kid_states = padded[np.repeat(states, counts), self.byte[kids]]
+            alive = kid_states != DEAD
+            nodes, states = kids[alive], kid_states[alive]
+            at[nodes] = states
         return at
 
 
@@ -118,7 +151,7 @@ def build_token_index(dfa: DFA, trie: VocabTrie, eos_token_ids=()) -> TokenIndex
     live = trie.token_node > 0
     padded = np.vstack([dfa.transitions, np.full((1, 256), DEAD, dtype=np.int32)])
     for s in range(dfa.num_states):
-        after = trie.walk(padded, s)[trie.token_node]
+        after = trie.walk_live(padded, s)[trie.token_node]
         ok = live & (after != DEAD)
         allowed.append(tokens[ok])
         nexts.append(after[ok])
