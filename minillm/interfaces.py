@@ -264,7 +264,8 @@ class Proposer(Protocol):
 class RegexCompiler(Protocol):
     def __call__(self, pattern: str) -> Any:
         """A regex (full-match semantics) -> the byte-level DFA accepting exactly the UTF-8 encodings of the strings
-        it matches: a minillm.structured.automata.DFA whose every state can still reach an accepting one."""
+        it matches: a minillm.structured.automata.DFA (minimal or not; the engine trims states that cannot reach
+        an accepting one before building the token index)."""
 
 
 class TokenIndexBuilder(Protocol):

@@ -42,6 +42,16 @@ def thompson(node, nfa, *, chars="utf8", copies="fresh", optional_skip=True, sta
             if chars == "codepoints":                  # one symbol per code point
                 nfa.edges[s].append((lo, hi, e))
                 continue
+            if chars == "per_code_point":              # every code point of the range spelled out
+                for cp in range(lo, hi + 1):
+                    if not 0xD800 <= cp <= 0xDFFF:
+                        data, at = chr(cp).encode("utf-8"), s
+                        for b in data[:-1]:
+                            nxt = nfa.state()
+                            nfa.edges[at].append((b, b, nxt))
+                            at = nxt
+                        nfa.edges[at].append((data[-1], data[-1], e))
+                continue
             if chars == "latin1":                      # bytes, but a code point is one byte
                 if lo <= 255:
                     nfa.edges[s].append((lo, min(hi, 255), e))
@@ -124,6 +134,7 @@ def test_lab10_1_a_correct_thompson_construction_passes():
 NFA_WRONG = {
     "code points as symbols": (dict(chars="codepoints"), "you used code points as symbols"),
     "latin-1 bytes": (dict(chars="latin1"), "UTF-8"),
+    "every code point spelled out": (dict(chars="per_code_point"), "never enumerate them one by one"),
     "one byte range per position": (dict(chars="endpoints"), "utf8_sequences(lo, hi)"),
     "one fragment for every copy": (dict(copies="shared"), "call build_nfa on the body once per copy"),
     "optional copies that cannot be skipped": (dict(optional_skip=False), "may each be left out"),

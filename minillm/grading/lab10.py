@@ -24,7 +24,9 @@ random texts — plus raw byte strings, where anything that is not valid UTF-8 m
 run by a plain set-of-states simulation (nfa_accepts). lab10_2: exact language equivalence of the DFA and the NFA,
 a breadth-first walk over pairs (DFA state, set of NFA states) that returns the shortest byte string on which they
 disagree (first_difference). lab10_3: every token walked byte by byte through the DFA's table from every state
-(reference_token_walk). Hand-picked cases run first, each naming the mistake it catches.
+(_expected_index, the definition reference_token_walk states, inlined because it runs states x vocabulary times),
+on random DFAs and vocabularies, DFAs of random patterns with tokens cut anywhere in their matches (partial
+characters), and a 70,000-token vocabulary. Hand-picked cases run first, each naming the mistake it catches.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import numpy as np
 from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import GradingError, Task, as_int, as_ints, check, fail, minillm_objects, run_property, seal
-from minillm.structured.automata import DEAD, DFA, NFA, compile_regex
+from minillm.structured.automata import DEAD, DFA, NFA, RegexTooComplex, compile_regex
 from minillm.structured.regex import Alt, Chars, Concat, Repeat, parse
 from minillm.structured.token_index import TokenIndex, VocabTrie
 
@@ -45,6 +47,7 @@ __all__ = ["check_lab10_1", "check_lab10_2", "check_lab10_3", "TASKS", "nfa_acce
 
 _re_compile = re.compile          # captured now: an answer cell that patches re later changes nothing here
 _ASCII = re.ASCII
+_Random = random.Random
 
 
 def _fullmatch(pattern: str, text: str) -> bool:
@@ -69,11 +72,11 @@ def _raised(e: Exception, what: str, hint: str) -> None:
 # --------------------------------------------------------------------------- texts and patterns
 
 # The edges of every class (\d \w \s, ranges) and of every UTF-8 length, plus ordinary characters.
-ALPHABET = ["a", "b", "c", "0", "7", "_", "-", ".", " ", "\t", "\n", "\x00", "\x7f", "\x80", "é", "ß", "ÿ", "Ā",
-            "ɐ", "\u07ff", "\u0800", "中", "€", "\uffff", "\U00010000", "😀", "\U0010fffe", "\U0010ffff"]
-PATTERN_ATOMS = ["a", "b", "é", "中", "😀", "-", r"\.", r"\d", r"\w", r"\s", r"\W", ".", "[a-c]", "[^a-c]",
-                 "[à-\u07ff]", "[^\\d\\s]", "[é-\U0001f600]", "[\x7f-\u0800]", "[^\U0010fffe]"]
-_QUANTIFIERS = ["*", "+", "?", "{2}", "{0,2}", "{1,}", "{2,3}", "{0}"]
+ALPHABET = ("a", "b", "c", "0", "7", "_", "-", ".", " ", "\t", "\n", "\x00", "\x7f", "\x80", "é", "ß", "ÿ", "Ā",
+            "ɐ", "\u07ff", "\u0800", "中", "€", "\uffff", "\U00010000", "😀", "\U0010fffe", "\U0010ffff")
+PATTERN_ATOMS = ("a", "b", "é", "中", "😀", "-", r"\.", r"\d", r"\w", r"\s", r"\W", ".", "[a-c]", "[^a-c]",
+                 "[à-\u07ff]", "[^\\d\\s]", "[é-\U0001f600]", "[\x7f-\u0800]", "[^\U0010fffe]")
+_QUANTIFIERS = ("*", "+", "?", "{2}", "{0,2}", "{1,}", "{2,3}", "{0}")
 
 
 def _patterns():
@@ -110,7 +113,7 @@ def _sample_match(node, rng: random.Random, budget: list) -> str:
 
 def _corpus(pattern: str, seed: int) -> list[bytes]:
     """Byte strings to try: matches sampled from the AST, their mutations, random texts, broken UTF-8."""
-    rng = random.Random(seed)
+    rng = _Random(seed)
     node = parse(pattern)
     matches = [_sample_match(node, rng, [12]) for _ in range(6)]
     texts = list(matches)
@@ -238,6 +241,10 @@ def _build(build_nfa, pattern: str, pre: int):
         raise
     except RecursionError as e:
         _raised(e, f"build_nfa on {where}", "a fragment that links to itself without consuming a byte?")
+    except RegexTooComplex as e:
+        _raised(e, f"build_nfa on {where}", "a class such as . or [^a] holds over a million code points: never "
+                                           "enumerate them one by one — utf8_sequences(lo, hi) turns a whole range "
+                                           "into a few byte-range sequences.")
     except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
         _raised(e, f"build_nfa on {where} ({node!r:.200})",
                 "handle the four node types: Chars(ranges), Concat(parts) (parts may be empty: the empty pattern), "
@@ -270,7 +277,7 @@ def _not_utf8(data: bytes) -> bool:
 
 
 # (pattern, text or raw bytes, what a wrong verdict means)
-NFA_PROBES = [
+NFA_PROBES = (
     ("ab", "ab", "concatenation: link each part's end to the next part's start with an epsilon edge"),
     ("ab", "a", "concatenation: the text must go through every part"),
     ("a|bc", "bc", "alternation: epsilon edges from a new start to each option's start, and from each option's end "
@@ -300,7 +307,7 @@ NFA_PROBES = [
     (".", "😀", "😀 is U+1F600: four bytes in UTF-8, F0 9F 98 80"),
     (".", b"\x80", "a lone continuation byte (80..BF) is not a character"),
     ("[^a]", "中", "a negated class covers every other code point, multi-byte ones included"),
-]
+)
 
 
 def verify_lab10_1(build_nfa) -> None:
@@ -459,7 +466,12 @@ def _determinize_and_compare(determinize, nfa, start, accept, where, why=None):
 
 
 # (what a wrong answer means, number of states, edges, eps, start, accept)
-DETERMINIZE_PROBES = [
+def _frozen_probes(probes):
+    return tuple((why, n, tuple(tuple(r) for r in edges), tuple(tuple(r) for r in eps), start, accept)
+                 for why, n, edges, eps, start, accept in probes)
+
+
+DETERMINIZE_PROBES = _frozen_probes([
     ("where no NFA state has an edge for a byte, the transition is DEAD (-1)",
      2, [[(0x61, 0x61, 1)], []], [[], []], 0, 1),
     ("an edge (lo, hi, t) covers every byte from lo to hi, both ends included, bytes above 0x7F too",
@@ -477,7 +489,7 @@ DETERMINIZE_PROBES = [
      1, [[(0x61, 0x61, 0)]], [[]], 0, 0),
     ("epsilon cycles (0 -> 1 -> 0): the closure must stop at states it has already seen",
      3, [[], [(0x61, 0x61, 2)], []], [[1], [0], [0]], 0, 2),
-]
+])
 
 
 @st.composite
@@ -493,6 +505,7 @@ def _random_nfas(draw):
 
 def verify_lab10_2(determinize) -> None:
     for why, n, edges, eps, start, accept in DETERMINIZE_PROBES:
+        edges, eps = [list(r) for r in edges], [list(r) for r in eps]
         _determinize_and_compare(determinize, _make_nfa(n, edges, eps), start, accept,
                                  f"edges {edges}, epsilon edges {eps}, start {start}, accept {accept}", why)
 
@@ -727,8 +740,8 @@ def _index_probes():
     ]
 
 
-_VOCAB_BYTES = [0x00, 0x20, 0x22, 0x2D, 0x30, 0x31, 0x61, 0x62, 0x63, 0x7B, 0x7D, 0x80, 0x9F, 0xA9, 0xAD, 0xB8,
-                0xC3, 0xE4, 0xF0, 0xFF]
+_VOCAB_BYTES = (0x00, 0x20, 0x22, 0x2D, 0x30, 0x31, 0x61, 0x62, 0x63, 0x7B, 0x7D, 0x80, 0x9F, 0xA9, 0xAD, 0xB8,
+                0xC3, 0xE4, 0xF0, 0xFF)
 
 
 @st.composite
@@ -766,11 +779,11 @@ def verify_lab10_3(build_token_index) -> None:
     @given(case=_random_dfa_case(), pattern=_patterns(), seed=st.integers(0, 2**32 - 1))
     def prop(case, pattern, seed):
         T, acc, start, vseed, active = case
-        rng = random.Random(vseed)
-        vocab, eos = _random_vocab(rng, active + [rng.choice(_VOCAB_BYTES)], rng.randint(5, 40))
+        rng = _Random(vseed)
+        vocab, eos = _random_vocab(rng, list(active) + [rng.choice(_VOCAB_BYTES)], rng.randint(5, 40))
         _index_case(build_token_index, T, acc, start, vocab, eos,
                     f"a {T.shape[0]}-state DFA (start {start}) and the vocabulary {vocab} with EOS {eos}")
-        rng = random.Random(seed)
+        rng = _Random(seed)
         text = "".join(_sample_match(parse(pattern), rng, [10]) + rng.choice(ALPHABET) for _ in range(8))
         vocab, eos = _random_vocab(rng, list(text.encode("utf-8")[:8]) or [0x61], 60, text.encode("utf-8"))
         T, acc, start = _regex_dfa(pattern)
@@ -784,7 +797,7 @@ def verify_lab10_3(build_token_index) -> None:
 def _large_vocabulary(build_token_index) -> None:
     """A vocabulary of 70,000 tokens (ids beyond 16 bits, like Llama 3's 128k), for a small JSON-ish pattern."""
     __tracebackhide__ = True
-    rng = random.Random(10)
+    rng = _Random(10)
     text = '{"id": 12, "name": "é中x"} [1, 2, "ab"]'.encode("utf-8")
     vocab, _ = _random_vocab(rng, list(b'{}":, 0123456789abcdeinmx') + [0xC3, 0xA9, 0xE4, 0xB8, 0xAD], 70_000, text)
     eos = (69_999,)
@@ -808,7 +821,7 @@ TASKS = {t.id: t for t in (
                                 "minillm.structured.token_index:VocabTrie.walk",
                                 "minillm.structured.token_index:regex_token_index",
                                 "minillm.structured.automata:DFA.step"),
-         oracles=lambda: [reference_token_walk, _numpy_walk]),
+         oracles=lambda: [reference_token_walk, _expected_index, _numpy_walk]),
 )}
 
 

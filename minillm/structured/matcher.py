@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from minillm import interfaces
-from minillm.structured.automata import DEAD, DFA, compile_regex
+from minillm.structured.automata import DEAD, DFA, compile_regex, trim
 from minillm.structured.params import StructuredOutputsParams
 from minillm.structured.token_index import (TokenIndex, VocabTrie, build_token_index, prune_unspellable,
                                             regex_token_index, vocab_trie)
@@ -103,6 +103,9 @@ class StructuredOutputManager:
         if type(dfa) is not DFA:
             raise TypeError(f"the regex compiler must return a minillm.structured.automata.DFA, got "
                             f"{type(dfa).__name__}")
+        dfa = trim(dfa)                  # a learner's subset construction keeps dead states: no token may enter them
+        if dfa.is_empty():
+            raise ValueError(f"no text matches {pattern!r}: the pattern's language is empty")
         trie: VocabTrie = vocab_trie(self.tokenizer)
         index = self.index_fn(dfa, trie, self.eos_token_ids)
         if type(index) is not TokenIndex or len(index.allowed) != dfa.num_states:
