@@ -103,6 +103,7 @@ class BlockAllocator:
         return self.ref_counts[block]
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab02_2_minillm_passes_and_learner_code_passes():
     TASKS["lab02_2"].verify(MinillmAllocator)
     check_lab02_2(BlockAllocator)
@@ -263,6 +264,7 @@ class ReadsRefCountsDirectly(MyBlockManager):
         return max(0, self.cdiv(num_tokens) - len(table)) + shared
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab02_3_minillm_passes_and_learner_code_passes():
     TASKS["lab02_3"].verify(BlockManager)
     check_lab02_3(MyBlockManager)

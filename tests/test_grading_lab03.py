@@ -211,6 +211,7 @@ def test_minillm_kernel_passes_verify():
     TASKS["lab03_3"].verify(tpa.paged_attention_decode_kernel)
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab03_3_learner_kernel_passes_and_compiles(tmp_path):
     kernel = kernel_from_source(GOOD_SRC, tmp_path)
     check_lab03_3(kernel)                      # interpreter property (child process) + AOT compile for sm80
@@ -314,6 +315,7 @@ def test_lab03_3_blank_starter_and_unreadable_source(tmp_path):
     rejected(check_lab03_3, triton.jit(namespace["good_kernel"]), "could not read your kernel's source")
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab03_3_interpreter_only_kernel_fails_the_gpu_compile(tmp_path):
     """int() on a tensor works in the interpreter (plain Python on numpy values) but not in compiled Triton."""
     kernel = variant(tmp_path, ("for b in range(0, tl.cdiv(seq_len, BLOCK_SIZE)):",

@@ -196,6 +196,7 @@ def test_lab04_1_n_gt_1_mistakes_show_only_with_forks():
             L.run_case(cls, getattr(L, case))
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab04_1_correct_learner_code_passes():
     check_lab04_1(learner("Mine", schedule_running=functools.partialmethod(_running)))
 
@@ -281,6 +282,7 @@ def test_lab04_2_wrong_implementations_fail(name):
              diagnosis, "Smallest failing example", "Hint")
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab04_2_correct_learner_code_passes():
     check_lab04_2(learner("Mine", admit_waiting=functools.partialmethod(_admit)))
 
@@ -341,6 +343,7 @@ def test_lab04_3_wrong_implementations_fail(name):
              diagnosis, "Smallest failing example", "Hint")
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab04_3_correct_learner_code_passes():
     check_lab04_3(learner("Mine", preempt=functools.partialmethod(_preempt)))
 

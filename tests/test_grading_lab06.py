@@ -206,6 +206,7 @@ def process_per_row_loop(logits, temperature, top_k, top_p, min_p):
     return torch.stack(out)
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab06_1_correct_learner_versions_pass():
     check_lab06_1(process_like_learner)
     check_lab06_1(process_per_row_loop)
@@ -272,6 +273,7 @@ def draw_gumbel(probs, generators):
     return (probs.log() - (-noise.log()).log()).argmax(-1)
 
 
+@pytest.mark.slow      # seconds: the checker's full run on correct code; the wrong answers stay fast
 def test_lab06_2_correct_learner_versions_pass():
     check_lab06_2(draw_multinomial_loop)
     check_lab06_2(draw_inverse_cdf)

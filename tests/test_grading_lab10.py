@@ -282,6 +282,7 @@ def subsets(nfa, start, accept, *, start_closure=True, move_closure=True, depth=
     return DFA(np.array(rows, dtype=dtype), np.array(acc, dtype=bool), 0)
 
 
+@pytest.mark.slow      # seconds: the checker's full run; the wrong answers stay in the fast set
 def test_lab10_2_a_correct_subset_construction_passes():
     check_lab10_2(lambda nfa, s, a: subsets(nfa, s, a))
 
@@ -365,6 +366,7 @@ def byte_class_subsets(nfa, start, accept):
     return DFA(np.stack([table[i] for i in range(n)]), acc, 0)
 
 
+@pytest.mark.slow      # seconds: the checker's full run; the wrong answers stay in the fast set
 def test_lab10_2_correct_learner_versions_pass():
     check_lab10_2(byte_class_subsets)
 
@@ -461,6 +463,7 @@ def revived(dfa, vocab, eos_token_ids):
     return TokenIndex(dfa, allowed, nexts, tuple(eos_token_ids), len(vocab.token_bytes))
 
 
+@pytest.mark.slow      # seconds: the checker's full run; the wrong answers stay in the fast set
 def test_lab10_3_a_correct_brute_force_passes():
     check_lab10_3(lambda d, v, e: walk_index(d, v, e))
 
@@ -543,6 +546,7 @@ def trie_index(dfa, vocab, eos_token_ids):
     return TokenIndex(dfa, allowed, nexts, tuple(eos_token_ids), len(vocab.token_bytes))
 
 
+@pytest.mark.slow      # seconds: the checker's full run; the wrong answers stay in the fast set
 def test_lab10_3_correct_learner_versions_pass():
     check_lab10_3(trie_index)
 
