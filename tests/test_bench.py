@@ -139,7 +139,7 @@ def test_bench_spec_cli_small(tmp_path):
 
 @pytest.mark.slow
 def test_bench_structured_cli_small():
-    r = bench("structured", "--batch-sizes", "1", "2", "--max-tokens", "12")
+    r = bench("structured", "--batch-sizes", "1", "2", "--max-tokens", "6")
     b = r["build"]
     assert b["vocab_size"] == 49152 and b["trie_s"] > 0
     for name, p in b["patterns"].items():
