@@ -157,10 +157,12 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
         assert errors and errors[0].ename == "GradingError" and errors[0].evalue.startswith("not implemented yet"), \
             (cell.metadata["nbgrader"]["grade_id"], [(o.ename, o.evalue[:200]) for o in errors])
-    # feedback shows the checker's verdict, not hidden test logic
-    bn.nbgrader(["generate_feedback", lab, "--force", "--student", "blank"], course, state, timeout=600)
-    html = (course / "feedback" / "blank" / lab / f"{lab}.html").read_text()
-    assert "not implemented yet" in html
+    # feedback shows the checker's verdict, not hidden test logic (every lab's graded cells are the same one-line
+    # checker calls, so one lab proves it: each nbgrader run costs ~10 s)
+    if lab == LABS[0]:
+        bn.nbgrader(["generate_feedback", lab, "--force", "--student", "blank"], course, state, timeout=600)
+        html = (course / "feedback" / "blank" / lab / f"{lab}.html").read_text()
+        assert "not implemented yet" in html
 
 
 def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):

@@ -277,6 +277,8 @@ def _not_utf8(data: bytes) -> bool:
 
 
 # (pattern, text or raw bytes, what a wrong verdict means)
+_COPIES = ("every copy of a repeated node is a separate fragment: call build_nfa on the body once per copy — linking "
+           "one fragment twice makes a loop")
 NFA_PROBES = (
     ("ab", "ab", "concatenation: link each part's end to the next part's start with an epsilon edge"),
     ("ab", "a", "concatenation: the text must go through every part"),
@@ -290,10 +292,8 @@ NFA_PROBES = (
     ("a*", "", "x* matches zero copies too: an epsilon path that skips the body"),
     ("a*", "aaa", "x* repeats: an epsilon edge from the body's end back to where another copy starts"),
     ("a+", "", "x+ needs at least one copy (Repeat(x, 1, None))"),
-    ("a{2}", "a", "every copy of a repeated node is a separate fragment: call build_nfa on the body once per copy — "
-                  "linking one fragment twice makes a loop"),
-    ("a{2}", "aaa", "every copy of a repeated node is a separate fragment: call build_nfa on the body once per copy "
-                    "— linking one fragment twice makes a loop"),
+    ("a{2}", "a", _COPIES),
+    ("a{2}", "aaa", _COPIES),
     ("a{0,2}", "a", "x{m,n} is m copies, then n - m copies that may each be left out (the text may stop after any "
                     "of them)"),
     ("a{1,3}", "aaaa", "x{1,3} allows at most 3 copies"),

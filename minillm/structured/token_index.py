@@ -101,6 +101,9 @@ class VocabTrie:
         return at
 
 
+MASK_CACHE_SIZE = 512          # per index: 512 x 49,152 bools = 25 MB for SmolLM2
+
+
 @dataclass
 class TokenIndex:
     """allowed[s]: sorted token ids allowed in state s; next_states[s]: the state each leads to (same order)."""
@@ -110,7 +113,7 @@ class TokenIndex:
     eos_token_ids: tuple[int, ...]
     vocab_size: int
     build_seconds: float = 0.0
-    _masks: dict = field(default_factory=dict, repr=False)
+    _masks: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def is_accepting(self, state: int) -> bool:
         return bool(self.dfa.accepting[state])
@@ -134,13 +137,19 @@ class TokenIndex:
 
     def mask(self, state: int, size: int | None = None):
         """A bool tensor [size or vocab_size], True where allowed (cached per state; ids past vocab_size, e.g. a
-        padded embedding's, are never allowed)."""
+        padded embedding's, are never allowed). The MASK_CACHE_SIZE most recently used masks are kept (one is a
+        vocabulary's worth of bytes)."""
         import torch
-        m = self._masks.get((state, size))
+        key = (state, size)
+        m = self._masks.get(key)
         if m is None:
             m = torch.zeros(max(size or 0, self.vocab_size), dtype=torch.bool)[:size or self.vocab_size]
             m[torch.from_numpy(self.allowed_token_ids(state).astype(np.int64))] = True
-            self._masks[(state, size)] = m
+            self._masks[key] = m
+            if len(self._masks) > MASK_CACHE_SIZE:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
         return m
 
 
