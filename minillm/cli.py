@@ -140,6 +140,9 @@ def cmd_chat(args) -> int:
         except (EOFError, KeyboardInterrupt):
             print()
             return 0
+        except UnicodeDecodeError as e:
+            print(f"error: that line is not valid UTF-8 ({e.reason} at byte {e.start}); type it again")
+            continue
         if line in ("/quit", "/exit"):
             return 0
         if line == "/reset":
@@ -179,6 +182,7 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minillm", description="minillm: a from-scratch LLM inference engine.",
                                  epilog=EPILOG_MODEL)
+    ap.add_argument("--debug", action="store_true", help="show the Python traceback of an unexpected error")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate a completion for one prompt (streams tokens)", epilog=EPILOG_MODEL)
@@ -258,16 +262,36 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_common(args) -> None:
+    """Flags several commands share, checked before anything loads."""
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {threads} (leave it out for torch's choice)")
+    if getattr(args, "command", None) == "bench":
+        if any(n < 1 for n in args.prompt_lens):
+            raise ValueError(f"--prefill-lens must be positive token counts, got {args.prompt_lens}")
+        if args.num_requests < 1:
+            raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv                  # accepted anywhere on the line, not only before the command
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     from minillm.loading.errors import ModelLoadError
     try:
+        _check_common(args)
         return args.func(args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:        # a safety net: specific checks above should have caught it first
+        if debug:
+            raise
+        print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--json-schema", '{"type": "integer", "minimum": 1}'], "minimum"),
     (["generate", "hi", "--json-schema", '{"type": '], "not valid JSON"),
     (["generate", "hi", "--whitespace-pattern", " "], "needs --json-schema"),
+    (["generate", "hi", "--threads", "-1"], "--threads must be a positive integer"),
+    (["generate", "hi", "--threads", "0"], "--threads must be a positive integer"),
+    (["bench", "decode", "--prefill-lens", "0"], "--prefill-lens must be positive"),
+    (["bench", "kv", "--num-requests", "0"], "--num-requests must be at least 1"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2
@@ -127,3 +131,25 @@ def test_generate_with_a_json_schema_and_a_choice(tmp_path):
     jsonschema.validate(json.loads(r.stdout), schema)
     r = run_cli("generate", "Is the sea salty?", "--choice", "yes", "--choice", "no", "--temperature", "0")
     assert r.returncode == 0 and r.stdout.strip() in ("yes", "no"), r.stderr
+
+
+def test_an_unexpected_error_is_one_line_unless_debug(monkeypatch, capsys):
+    import minillm.cli as cli
+
+    def broken(args):
+        raise RuntimeError("something nobody checked for")
+    monkeypatch.setattr(cli, "cmd_generate", broken)
+    assert main(["generate", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("internal error: RuntimeError: something nobody checked for") and "--debug" in err
+    assert "Traceback" not in err
+    with pytest.raises(RuntimeError, match="nobody"):
+        main(["generate", "hi", "--debug"])
+
+
+def test_text_that_is_not_utf8_is_a_clear_error():
+    from minillm.testing import tiny_tokenizer
+    text = b"hello \xff\xfe world".decode("utf-8", "surrogateescape")   # what Python makes of such argv bytes
+    with pytest.raises(ValueError, match=r"not valid UTF-8 \(it holds the bytes b'\\xff\\xfe'\)"):
+        tiny_tokenizer().encode(text)
+    assert tiny_tokenizer().decode(tiny_tokenizer().encode("héllo 中")) == "héllo 中"

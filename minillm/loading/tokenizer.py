@@ -116,6 +116,14 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # BOS is ours to add (not tokenizer.json's post-processor), so GGUF and HF behave the same.
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes text (str), got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:    # lone surrogates: how Python carries bytes that were not UTF-8
+            bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
+            raise ValueError(f"the text is not valid UTF-8 (it holds the bytes {bad!r}): pass UTF-8 text, e.g. "
+                             "convert it with iconv first") from None
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token:
             ids.insert(0, self.bos_token_id)
