@@ -153,3 +153,11 @@ def test_text_that_is_not_utf8_is_a_clear_error():
     with pytest.raises(ValueError, match=r"not valid UTF-8 \(it holds the bytes b'\\xff\\xfe'\)"):
         tiny_tokenizer().encode(text)
     assert tiny_tokenizer().decode(tiny_tokenizer().encode("héllo 中")) == "héllo 中"
+
+
+def test_grade_refuses_a_file_that_is_not_a_notebook(tmp_path, capsys):
+    for name, text in (("empty.ipynb", "{}"), ("junk.ipynb", "not json at all")):
+        (tmp_path / name).write_text(text)
+        assert main(["grade", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and "is not a Jupyter notebook" in err and "Traceback" not in err

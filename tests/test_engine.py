@@ -207,12 +207,15 @@ def test_prefix_cache_hit_keeps_outputs_and_counts_hits():
     assert off.block_manager.stats.hits == 0
 
 
-@pytest.mark.parametrize("prompt, words", [([], "empty"), (list(range(3, 100)) * 3, "prompt has"),
-                                           ([3, 500], "outside the vocabulary")])
-def test_bad_prompts_rejected_without_holding_blocks(prompt, words):
+@pytest.mark.parametrize("prompt, params, words", [
+    ([], {}, "empty"), (list(range(3, 100)) * 3, {}, "prompt has"),
+    (list(range(3, 67)), {}, "64 tokens and needs room for at least one generated token"),   # exactly the pool
+    ([3, 500], {}, "outside the vocabulary"),
+    ([3, 4], {"stop_token_ids": [5, 10 ** 9]}, r"stop_token_ids \[1000000000\] are outside the vocabulary")])
+def test_bad_prompts_rejected_without_holding_blocks(prompt, params, words):
     engine = LLMEngine.from_model(MODEL, num_blocks=16, block_size=4)   # pool: 64 tokens
     with pytest.raises(ValueError, match=words):
-        engine.add_request(prompt, SamplingParams())
+        engine.add_request(prompt, SamplingParams(**params))
     assert engine.block_manager.num_free_blocks == 16 and not engine.has_unfinished_requests()
 
 

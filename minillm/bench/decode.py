@@ -83,6 +83,10 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
                      decode_steps: int = 64) -> DecodeBench:
     config = config if config is not None else EngineConfig()
     engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+    too_long = [n for n in prompt_lens if n >= engine.max_model_len]
+    if too_long:
+        raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
+                         f"within {engine.max_model_len} positions (the model's context or the KV pool)")
     prefill = {n: time_prefill(engine, n) for n in prompt_lens}
     decode_ms = time_decode(engine, decode_steps)
     bw = measure_bandwidth()

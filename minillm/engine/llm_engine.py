@@ -95,6 +95,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self._encode(prompt)
         self._check_prompt(ids)
+        bad = [t for t in params.stop_token_ids if t >= self.model.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})")
         # the automaton and its token index are built (or found in the cache) now: a bad pattern fails here
         matcher = self.structured.matcher(params.structured_outputs) if params.structured_outputs else None
         seq = Sequence(request_id, ids, params, TextStream(self.tokenizer, params, self.eos_ids),
@@ -121,9 +124,10 @@ class LLMEngine:
             raise ValueError("the prompt is empty: give at least one token")
         if n >= self.max_model_len:
             limit = "KV pool" if self.max_model_len == pool else "context window"
-            raise ValueError(f"the prompt has {n} tokens but the {limit} holds {self.max_model_len} "
-                             f"(model context {self.model.cfg.max_position_embeddings}, KV pool {pool} tokens): "
-                             "shorten the prompt or give the engine a larger KV budget")
+            raise ValueError(f"the prompt has {n} tokens and needs room for at least one generated token, but the "
+                             f"{limit} holds {self.max_model_len} (model context "
+                             f"{self.model.cfg.max_position_embeddings}, KV pool {pool} tokens): shorten the prompt "
+                             "or give the engine a larger KV budget (kv_cache_memory, --kv-cache-memory)")
         sc = self.config.scheduler
         if not sc.enable_chunked_prefill and n > sc.max_num_batched_tokens:
             raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="

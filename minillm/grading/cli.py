@@ -80,7 +80,12 @@ def execute_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name:
     """Execute a copy of the notebook in its own folder; returns the executed NotebookNode (file untouched)."""
     import nbformat
     from nbclient import NotebookClient
-    nb = nbformat.read(nb_path, as_version=4)
+    try:
+        nb = nbformat.read(nb_path, as_version=4)
+    except Exception as e:          # not JSON, or JSON that is not a notebook (nbformat raises several kinds)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{nb_path} is not a Jupyter notebook that nbformat can read ({first[:160]}): pass a "
+                         "lab's .ipynb file") from None
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
                             interrupt_on_timeout=True,
                             resources={"metadata": {"path": str(nb_path.parent.resolve())}})
