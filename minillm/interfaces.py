@@ -264,8 +264,8 @@ class Proposer(Protocol):
 class RegexCompiler(Protocol):
     def __call__(self, pattern: str) -> Any:
         """A regex (full-match semantics) -> the byte-level DFA accepting exactly the UTF-8 encodings of the strings
-        it matches: a minillm.structured.automata.DFA (minimal or not; the engine trims states that cannot reach
-        an accepting one before building the token index)."""
+        it matches: a minillm.structured.automata.DFA (minimal or not; after indexing, the engine drops the states
+        from which no token sequence reaches an accepting one)."""
 
 
 class TokenIndexBuilder(Protocol):

@@ -493,9 +493,6 @@ def run_operations(cls, ops, *, num_blocks: int = 8, block_size: int = 2, **kw) 
     return d
 
 
-from minillm.grading.core import seal  # noqa: E402
-seal(globals())
-
 
 # --------------------------------------------------------------------------- a tiny byte-level tokenizer
 
@@ -526,3 +523,7 @@ def tiny_tokenizer():
     tok.add_special_tokens(["<eos>"])
     eos = tok.token_to_id("<eos>")
     return Tokenizer(tok, bos_token_id=None, eos_token_id=eos, add_bos_token=False, chat_template=None)
+
+
+from minillm.grading.core import seal  # noqa: E402
+seal(globals())

@@ -120,8 +120,8 @@ def structured_bench(args) -> int:
     loaded = load_model(args.model, config.dtype)
     progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
     r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat, progress)
-    for e in r["end_to_end"].values():
-        if args.json:
+    if args.json:
+        for e in r["end_to_end"].values():
             e.pop("example", None)
     print(json.dumps(r) if args.json else format_structured(r))
     return 0

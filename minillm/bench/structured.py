@@ -112,7 +112,8 @@ def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParam
     wall = time.perf_counter() - t0
     toks = sum(len(o.outputs[0].token_ids) for o in done)
     tpots = [o.metrics.tpot for o in done if o.metrics.tpot is not None]
-    return {"tok_s": toks / wall, "tpot_ms": 1e3 * statistics.mean(tpots), "tokens": toks, "wall": wall,
+    return {"tok_s": toks / wall, "tpot_ms": 1e3 * statistics.mean(tpots) if tpots else float("nan"), "tokens": toks,
+            "wall": wall,
             "outputs": done}
 
 
@@ -129,9 +130,7 @@ def end_to_end(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat:
     engine = LLMEngine(loaded.model, tok, config)
     so = CASES["json: user, bounded lengths"]     # bounded: greedy decoding of a small model cannot loop forever
     prompts = [build_prompt_ids(tok, p) for p in PROMPTS]
-    engine.add_request(prompts[0], SamplingParams(max_tokens=2, structured_outputs=so))   # build the index, warm up
-    while engine.has_unfinished_requests():
-        engine.step()
+    _run(engine, prompts[:1], [SamplingParams(max_tokens=2, structured_outputs=so)])   # build the index, warm up
     out = {}
     for bs in batch_sizes:
         best: dict[str, dict] = {}

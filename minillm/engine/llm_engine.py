@@ -54,7 +54,7 @@ class LLMEngine:
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  num_blocks * cc.block_size)
         self.eos_ids = eos_token_ids(tokenizer, cfg)
-        self.structured = StructuredOutputManager(tokenizer, self.eos_ids, cfg.vocab_size)
+        self.structured = StructuredOutputManager(tokenizer)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._observers: list[interfaces.StepObserver] = []
@@ -388,11 +388,8 @@ class LLMEngine:
         if proposer is not None:
             self.spec.proposer = proposer
         if regex_compiler is not None or token_index_builder is not None:
-            old = self.structured
-            self.structured = StructuredOutputManager(
-                self.tokenizer, self.eos_ids, self.model.cfg.vocab_size,
-                regex_compiler or (old.compile_fn if old._own else None),
-                token_index_builder or (old.index_fn if old._own else None))
+            self.structured = StructuredOutputManager(self.tokenizer, regex_compiler or self.structured.compile_fn,
+                                                      token_index_builder or self.structured.index_fn)
 
     # ------------------------------------------------------------------ introspection
     def kv_usage(self) -> dict:

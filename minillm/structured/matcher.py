@@ -2,16 +2,14 @@
 request's language once (LRU), hands out matchers, and masks the constrained rows of a batch in one operation."""
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
 from minillm import interfaces
-from minillm.structured.automata import DEAD, DFA, compile_regex, trim
+from minillm.structured.automata import DEAD, compile_regex
 from minillm.structured.params import StructuredOutputsParams
-from minillm.structured.token_index import (TokenIndex, VocabTrie, build_token_index, prune_unspellable,
-                                            regex_token_index, vocab_trie)
+from minillm.structured.token_index import TokenIndex, build_token_index, regex_token_index
 
 
 class Matcher:
@@ -67,51 +65,22 @@ class Matcher:
 
 class StructuredOutputManager:
     """Per engine: regex -> DFA (compile_fn, the RegexCompiler seam) -> token index (index_fn, the
-    TokenIndexBuilder seam), cached by pattern; with minillm's own pieces the cache is shared across engines."""
+    TokenIndexBuilder seam), from the LRU cache regex_token_index keeps for every engine."""
     compile_fn: interfaces.RegexCompiler = staticmethod(compile_regex)
     index_fn: interfaces.TokenIndexBuilder = staticmethod(build_token_index)
-    cache_size = 32
 
-    def __init__(self, tokenizer, eos_token_ids: Sequence[int], vocab_size: int,
-                 compile_fn: interfaces.RegexCompiler | None = None,
+    def __init__(self, tokenizer, compile_fn: interfaces.RegexCompiler | None = None,
                  index_fn: interfaces.TokenIndexBuilder | None = None) -> None:
         cls = type(self)
-        self.tokenizer, self.vocab_size = tokenizer, vocab_size
-        self.eos_token_ids = tuple(sorted(eos_token_ids))
+        self.tokenizer = tokenizer
         self.compile_fn = compile_fn or cls.compile_fn
         self.index_fn = index_fn or cls.index_fn
-        self._own = compile_fn is not None or index_fn is not None
-        self._cache: OrderedDict[str, TokenIndex] = OrderedDict()
 
     def index_for(self, params: StructuredOutputsParams) -> TokenIndex:
         if self.tokenizer is None:
             raise ValueError("structured outputs need a tokenizer (the automaton reads each token's bytes): build "
                              "the engine with one")
-        pattern = params.to_regex()
-        if not self._own:
-            return regex_token_index(pattern, self.tokenizer)
-        hit = self._cache.get(pattern)
-        if hit is None:
-            hit = self._cache[pattern] = self._build(pattern)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(pattern)
-        return hit
-
-    def _build(self, pattern: str) -> TokenIndex:
-        dfa = self.compile_fn(pattern)
-        if type(dfa) is not DFA:
-            raise TypeError(f"the regex compiler must return a minillm.structured.automata.DFA, got "
-                            f"{type(dfa).__name__}")
-        dfa = trim(dfa)                  # a learner's subset construction keeps dead states: no token may enter them
-        if dfa.is_empty():
-            raise ValueError(f"no text matches {pattern!r}: the pattern's language is empty")
-        trie: VocabTrie = vocab_trie(self.tokenizer)
-        index = self.index_fn(dfa, trie, self.eos_token_ids)
-        if type(index) is not TokenIndex or len(index.allowed) != dfa.num_states:
-            raise TypeError(f"the token index builder must return a TokenIndex with one allowed-token array per "
-                            f"DFA state ({dfa.num_states}), got {type(index).__name__}")
-        return prune_unspellable(index, pattern)
+        return regex_token_index(params.to_regex(), self.tokenizer, self.compile_fn, self.index_fn)
 
     def matcher(self, params: StructuredOutputsParams) -> Matcher:
         return Matcher(self.index_for(params))

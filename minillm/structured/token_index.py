@@ -1,9 +1,9 @@
 """DFA x vocabulary -> token index: for every automaton state, the tokens whose bytes keep the text matchable and
 the state each leads to; EOS only where the text so far is a full match. Special tokens are never allowed.
 
-The vocabulary is a byte trie stored level by level (node i's parent and byte), so one state's walk is one
-vectorized gather per byte depth: tokens sharing a prefix share its walk, and a dead prefix kills its whole
-subtree at once."""
+The vocabulary is a byte trie stored breadth first (node i's parent and byte; each node's children contiguous), so
+one state's walk is one vectorized gather per byte depth over the live nodes only: tokens sharing a prefix share
+its walk, and a dead prefix skips its whole subtree."""
 from __future__ import annotations
 
 import time
@@ -26,8 +26,8 @@ class VocabTrie:
     token_node: np.ndarray          # int32 [V]: the node spelling each token; 0 for tokens never allowed
     vocab_size: int
     token_bytes: list               # [V] each token's bytes (None: never allowed), what the trie was built from
-    child_lo: np.ndarray = None     # int64 [n + 1]
-    child_hi: np.ndarray = None
+    child_lo: np.ndarray            # int64 [n + 1]
+    child_hi: np.ndarray
 
     @classmethod
     def build(cls, token_bytes: list[bytes | None]) -> "VocabTrie":
@@ -70,17 +70,9 @@ class VocabTrie:
                    child_lo, child_hi)
 
     def walk(self, padded: np.ndarray, state: int) -> np.ndarray:
-        """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died). `padded` is
-        the DFA's transitions plus a last all-DEAD row, so that row -1 (DEAD) stays DEAD."""
-        at = np.empty(len(self.parent), dtype=np.int32)
-        at[0] = state
-        for first, end in self.levels:
-            at[first:end] = padded[at[self.parent[first:end]], self.byte[first:end]]
-        return at
-
-    def walk_live(self, padded: np.ndarray, state: int) -> np.ndarray:
-        """walk(), descending only below nodes whose text is still alive: a state that allows few tokens touches
-        few nodes (a dead prefix's whole subtree is skipped)."""
+        """The DFA state after each trie node's bytes, starting in `state` (DEAD where the text died), descending
+        only below nodes still alive: a state that allows few tokens touches few nodes. `padded` is the DFA's
+        transitions plus a last all-DEAD row, so that row -1 (DEAD) stays DEAD."""
         at = np.full(len(self.parent), DEAD, dtype=np.int32)
         at[0] = state
         nodes = np.array([0], dtype=np.int64)
@@ -160,7 +152,7 @@ def build_token_index(dfa: DFA, trie: VocabTrie, eos_token_ids=()) -> TokenIndex
     live = trie.token_node > 0
     padded = np.vstack([dfa.transitions, np.full((1, 256), DEAD, dtype=np.int32)])
     for s in range(dfa.num_states):
-        after = trie.walk_live(padded, s)[trie.token_node]
+        after = trie.walk(padded, s)[trie.token_node]
         ok = live & (after != DEAD)
         allowed.append(tokens[ok])
         nexts.append(after[ok])
@@ -204,16 +196,24 @@ def vocab_trie(tokenizer) -> VocabTrie:
     return trie
 
 
-def regex_token_index(pattern: str, tokenizer) -> TokenIndex:
-    """The token index of `pattern` for `tokenizer`, from an LRU cache keyed by (pattern, tokenizer)."""
-    key = (pattern, vocab_trie(tokenizer))
+def regex_token_index(pattern: str, tokenizer, compile_fn=compile_regex, index_fn=None) -> TokenIndex:
+    """The token index of `pattern` for `tokenizer`, built with compile_fn (regex -> DFA) and index_fn (DFA x
+    vocabulary -> TokenIndex; default build_token_index), from an LRU cache keyed by all four. Plugged pieces (a
+    learner's) are checked for their types; states no token path can complete are pruned either way."""
+    index_fn = index_fn or build_token_index
+    key = (pattern, vocab_trie(tokenizer), compile_fn, index_fn)
     hit = _INDEXES.get(key)
     if hit is not None:
         _INDEXES.move_to_end(key)
         return hit
-    index = prune_unspellable(build_token_index(compile_regex(pattern), key[1], sorted(tokenizer.stop_token_ids)),
-                              pattern)
-    _INDEXES[key] = index
+    dfa = compile_fn(pattern)
+    if type(dfa) is not DFA:
+        raise TypeError(f"the regex compiler must return a minillm.structured.automata.DFA, got {type(dfa).__name__}")
+    index = index_fn(dfa, key[1], tuple(sorted(tokenizer.stop_token_ids)))
+    if type(index) is not TokenIndex or len(index.allowed) != dfa.num_states:
+        raise TypeError(f"the token index builder must return a TokenIndex with one allowed-token array per DFA "
+                        f"state ({dfa.num_states}), got {type(index).__name__}")
+    index = _INDEXES[key] = prune_unspellable(index, pattern)
     while len(_INDEXES) > INDEX_CACHE_SIZE:
         _INDEXES.popitem(last=False)
     return index
