@@ -86,10 +86,12 @@ def _load(args, config=None):
 
 
 def _engine(args):
-    from minillm.engine.llm_engine import LLMEngine
+    import torch
+    from minillm.parallel.launch import start_engine
     config = engine_config(args)
-    loaded = _load(args, config)
-    return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return start_engine(args.model, config)
 
 
 def _stream(engine, ids, params) -> str:
@@ -123,7 +125,10 @@ def cmd_generate(args) -> int:
     from minillm.engine.prompt import build_prompt_ids
     params = _params(args)
     loaded, engine = _engine(args)
-    _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system), params)
+    try:
+        _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system), params)
+    finally:
+        engine.close()
     print()
     return 0
 

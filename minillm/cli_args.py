@@ -21,6 +21,12 @@ _HELP = {
     "max_num_seqs": "most sequences running at once",
     "max_num_batched_tokens": "token budget of one step (prefill chunks + decodes)",
     "enable_chunked_prefill": "split prompts longer than the step's token budget across steps",
+    "tensor_parallel_size": "shard every layer over this many ranks (processes; heads, KV heads and the MLP must "
+                            "split evenly: SmolLM2 takes 1 or 3)",
+    "pipeline_parallel_size": "split the layers into this many stages, one rank each",
+    "distributed_executor_backend": "how the other ranks run: mp (local processes) | thread | env (started by "
+                                    "torchrun, one or several machines) | auto (env under torchrun, else mp)",
+    "pipeline_micro_batches": "pipeline parallelism: micro-batches per step (default: one per stage)",
 }
 
 # speculative_config's fields as flags (vLLM's names where it has them); method and model get clearer ones.

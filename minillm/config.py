@@ -87,6 +87,26 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
 
 
+EXECUTORS = ("auto", "mp", "thread", "env")
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # How the other ranks run: "mp" spawns local processes, "thread" runs them as threads of this process (for
+    # notebooks: a class defined in a cell cannot be sent to a spawned process), "env" joins ranks started by
+    # torchrun (RANK / WORLD_SIZE / MASTER_ADDR in the environment, one or several machines). "auto": "env" under
+    # torchrun, else "mp".
+    distributed_executor_backend: str = "auto"
+    # pipeline parallelism: how many micro-batches a step's batch is cut into (None: one per stage)
+    pipeline_micro_batches: Optional[int] = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
 METHODS = ("ngram", "draft_model", "layer_skip")
 
 
@@ -145,6 +165,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: Optional[SpeculativeConfig] = None   # given as speculative_config={...} (vLLM's name)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         self.speculative = SpeculativeConfig.parse(self.speculative)
@@ -157,9 +178,9 @@ class EngineConfig:
         sections = {f.name: f.type for f in dataclasses.fields(cls)}
         if "speculative_config" in kwargs:
             kwargs["speculative"] = kwargs.pop("speculative_config")
-        own = {k: kwargs.pop(k) for k in list(kwargs) if k in sections and k not in ("cache", "scheduler")}
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in sections and k not in SECTIONS}
         parts: dict[str, Any] = {}
-        for name, sub in (("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+        for name, sub in SECTIONS.items():
             names = {f.name for f in dataclasses.fields(sub)}
             parts[name] = sub(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
         if kwargs:
@@ -187,6 +208,21 @@ class EngineConfig:
                              f"got {c.kv_cache_memory!r}") from None
         if budget <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {c.kv_cache_memory!r}")
+        p = self.parallel
+        positive("tensor_parallel_size", p.tensor_parallel_size)
+        positive("pipeline_parallel_size", p.pipeline_parallel_size)
+        if p.pipeline_micro_batches is not None:
+            positive("pipeline_micro_batches", p.pipeline_micro_batches)
+        if p.tensor_parallel_size > 1 and p.pipeline_parallel_size > 1:
+            raise ValueError("tensor and pipeline parallelism together are not supported: set one of "
+                             "tensor_parallel_size / pipeline_parallel_size to 1")
+        if p.distributed_executor_backend not in EXECUTORS:
+            raise ValueError(f"unknown distributed_executor_backend {p.distributed_executor_backend!r}: use one of "
+                             f"{', '.join(EXECUTORS)}")
+        if self.speculative is not None and self.speculative.method == "layer_skip" and p.world_size > 1:
+            raise ValueError("layer_skip speculation drafts with the target's own first layers, which a parallel "
+                             "engine has spread over several ranks: use ngram or draft_model with "
+                             "tensor/pipeline parallelism")
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}: use 'torch', 'cpu', "
                              "'triton' or 'auto'")
@@ -194,14 +230,18 @@ class EngineConfig:
     def as_kwargs(self) -> dict[str, Any]:
         """The flat view from_kwargs takes (for printing and for copies with a change)."""
         flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("cache", "scheduler", "speculative")}
+                if f.name not in ("cache", "scheduler", "speculative", "parallel")}
         flat.update(dataclasses.asdict(self.cache))
         flat.update(dataclasses.asdict(self.scheduler))
+        flat.update(dataclasses.asdict(self.parallel))
         flat["speculative_config"] = self.speculative.as_dict() if self.speculative else None
         return flat
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return EngineConfig.from_kwargs(**{**self.as_kwargs(), **changes})
+
+
+SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig}
 
 
 def setting_names() -> list[str]:

@@ -27,9 +27,10 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
                                                                            engine.plug(proposer=...)          lab07
     RegexCompiler         structured.automata.compile_regex                engine.plug(regex_compiler=...)    lab10
     TokenIndexBuilder     structured.token_index.build_token_index         engine.plug(token_index_builder=)  lab10
+    TensorParallelRules   parallel.layers.MegatronRules (MEGATRON)         LlamaModel(rules=), LLM(tp_rules=)  lab09
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
 
-Later labs add the quantized linear, parallel linear and router here.
+Later labs add the quantized linear and router here.
 
 This module imports nothing from minillm: every other module may import it.
 """
@@ -274,6 +275,27 @@ class TokenIndexBuilder(Protocol):
         trie arrays to share work) -> a TokenIndex: per state the sorted token ids whose whole byte string keeps
         the DFA alive and the state each leads to (EOS is not among them: the TokenIndex holds eos_token_ids and
         allows them exactly in accepting states)."""
+
+
+# --------------------------------------------------------------------------- tensor parallelism (lab09)
+
+@runtime_checkable
+class TensorParallelRules(Protocol):
+    """Where a tensor-parallel model is cut and where it is put back together. Every column-parallel matrix (q, k,
+    v, gate, up: each a part of `num_units` units of `unit_size` rows) keeps `column_rows(...)` of its rows on a
+    rank and computes `column_forward(x, weight, bias, comm)`; every row-parallel matrix (o_proj, down_proj) keeps
+    `row_cols(...)` of its input columns and computes `row_forward(x, weight, bias, comm)`. comm is a
+    minillm.parallel.comm.Communicator (all_reduce, all_gather, ...; it counts what it sends)."""
+
+    def column_rows(self, num_units: int, unit_size: int, rank: int, world_size: int) -> range: ...
+
+    def column_forward(self, x: "torch.Tensor", weight: "torch.Tensor", bias: Optional["torch.Tensor"],
+                       comm: Any) -> "torch.Tensor": ...
+
+    def row_cols(self, input_size: int, rank: int, world_size: int) -> range: ...
+
+    def row_forward(self, x: "torch.Tensor", weight: "torch.Tensor", bias: Optional["torch.Tensor"],
+                    comm: Any) -> "torch.Tensor": ...
 
 
 class StepObserver(Protocol):

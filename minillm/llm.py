@@ -7,10 +7,8 @@ from typing import Sequence as Seq
 from tqdm.auto import tqdm
 
 from minillm.config import EngineConfig
-from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
-from minillm.loading.loader import load_model
 from minillm.sampling.params import SamplingParams
 
 
@@ -20,13 +18,32 @@ class LLM:
     Every keyword is an engine setting (minillm.config.EngineConfig, where each default lives), e.g.
     `LLM("default", dtype="bfloat16", max_num_seqs=32, block_size=16, kv_cache_memory="1GiB")`; the pool holds
     as many blocks as fit in kv_cache_memory.
+
+    `tensor_parallel_size=N` / `pipeline_parallel_size=N` run the model over N ranks (local processes by default;
+    see ParallelConfig); the API is the same, and `close()` (or a `with` block, or the end of the program) stops
+    them. `tp_rules` (interfaces.TensorParallelRules) replaces how the model is sharded (lab09).
     """
 
-    def __init__(self, model: str = "default", **settings) -> None:
+    def __init__(self, model: str = "default", *, tp_rules=None, **settings) -> None:
+        from minillm.parallel.launch import start_engine
         config = EngineConfig.from_kwargs(**settings)   # validate before the (slow) load
-        loaded = load_model(model, config.dtype)
-        self.loaded = loaded
-        self.engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+        if tp_rules is not None:
+            from minillm.interfaces import TensorParallelRules, missing_members
+            if not isinstance(tp_rules, TensorParallelRules):
+                raise TypeError(f"tp_rules: a {type(tp_rules).__name__} lacks "
+                                f"{', '.join(missing_members(tp_rules, TensorParallelRules))} of "
+                                "minillm.interfaces.TensorParallelRules")
+        self.loaded, self.engine = start_engine(model, config, rules=tp_rules)
+
+    def close(self) -> None:
+        """Stop the worker ranks of a parallel engine (a no-op for one process)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

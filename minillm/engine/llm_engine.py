@@ -36,17 +36,28 @@ BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lo
 
 
 class LLMEngine:
-    def __init__(self, model: LlamaModel, tokenizer, config: EngineConfig | None = None) -> None:
+    """`model` is the whole model, or rank 0's shard when `workers` (parallel/workers.py) run the other ranks: then
+    this engine schedules and samples for all of them and every step is broadcast to them first. The KV budget is
+    per rank (each holds its KV heads' or its layers' slice of every block)."""
+
+    def __init__(self, model: LlamaModel, tokenizer, config: EngineConfig | None = None, workers=None) -> None:
         self.config = config if config is not None else EngineConfig()
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer, self.workers = model, tokenizer, workers
         cfg, cc = model.cfg, self.config.cache
-        per_block = KVCache.bytes_per_block(cfg, cc.block_size, model.dtype)
+        per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, model.dtype)
         num_blocks = cc.num_blocks or cc.kv_cache_memory_bytes // per_block
         if num_blocks < 1:
             raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
                              "raise kv_cache_memory")
-        self.kv_cache = KVCache(cfg, num_blocks, cc.block_size, dtype=model.dtype)
-        self.runner = ModelRunner(model, self.kv_cache, get_attention_backend(self.config.attention_backend))
+        self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=model.dtype)
+        par = self.config.parallel
+        if workers is not None:
+            workers.init(num_blocks)              # every rank sizes its slice of the pool alike
+        self.runner = ModelRunner(model, self.kv_cache, get_attention_backend(self.config.attention_backend),
+                                  workers.comm if workers is not None else None,
+                                  pipeline=par.pipeline_parallel_size > 1,
+                                  micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size,
+                                  driver=workers)
         self.scheduler: interfaces.SchedulerPolicy = Scheduler(
             self.config.scheduler, BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching))
         self.sampler: interfaces.Sampler = Sampler()
@@ -74,6 +85,11 @@ class LLMEngine:
         """An engine for an already loaded model; `settings` are EngineConfig's flat names (block_size=...,
         num_blocks=..., max_num_seqs=...), anything omitted keeps EngineConfig's default."""
         return cls(model, tokenizer, EngineConfig.from_kwargs(**settings))
+
+    def close(self) -> None:
+        """Stop the worker ranks of a parallel engine (nothing to do for a single-process one)."""
+        if self.workers is not None:
+            self.workers.close()
 
     @property
     def block_manager(self) -> interfaces.BlockManager:
@@ -380,6 +396,9 @@ class LLMEngine:
         elif block_manager is not None:
             self.scheduler.block_manager = block_manager
         if backend is not None:
+            if self.workers is not None:
+                raise ValueError("plug(backend=...) swaps rank 0's attention only; a parallel engine's ranks must "
+                                 "agree: choose attention_backend when creating the engine")
             self.runner.backend = backend
         if sampler is not None:
             self.sampler = sampler

@@ -11,6 +11,7 @@ import torch
 from minillm.config import ModelConfig
 from minillm.loading.default_model import default_model_path
 from minillm.loading.errors import ModelLoadError
+from minillm.loading.sources import GGUFSource, SafetensorsSource
 
 from minillm.models.llama import LlamaModel
 
@@ -46,7 +47,10 @@ def resolve_model_path(spec: str | Path) -> Path:
     return path
 
 
-def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32") -> LoadedModel:
+def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32", comm=None,
+               layers: range | None = None, rules=None) -> LoadedModel:
+    """Read a checkpoint into a LlamaModel. With `comm` (a tensor-parallel Communicator) the model is this rank's
+    shard and only its slices are read (`rules` decide which); with `layers`, only a pipeline stage's layers."""
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
@@ -55,55 +59,42 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
         cfg, weights, tok = _read_gguf(path)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
-    model = build_model(cfg, weights, torch_dtype)
+    if comm is not None and comm.world_size > 1:
+        from minillm.parallel.sharding import check_tp_size
+        check_tp_size(cfg, comm.world_size)
+    model = build_model(cfg, weights, torch_dtype, comm, layers, rules)
     return LoadedModel(model, tok, cfg, path)
 
 
-def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> LlamaModel:
-    """Instantiate on the meta device, then fill from (hf_name, tensor) pairs, fusing qkv and gate/up."""
+def peek_config(spec: str | Path = "default") -> ModelConfig:
+    """The model's shapes without reading its weights (to check a parallel layout before any process starts)."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ModelLoadError(f"{path} has no config.json")
+        return config_from_hf(json.loads(cfg_file.read_text()))
+    from minillm.loading.gguf_file import GGUFFile
+    gf = GGUFFile.open(path)
+    cfg = config_from_gguf(gf.metadata)
+    cfg.tie_word_embeddings = not gf.has_tensor("output.weight")
+    return cfg
+
+
+def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, Any]], dtype: torch.dtype, comm=None,
+                layers: range | None = None, rules=None) -> LlamaModel:
+    """Instantiate on the meta device, then fill from (hf_name, tensor or weight source) pairs, fusing qkv and
+    gate/up; a tensor-parallel rank (`comm`) or pipeline stage (`layers`) takes only its part."""
     with torch.device("meta"):
-        model = LlamaModel(cfg)
-    state: dict[str, torch.Tensor] = {}
-    pending: dict[str, dict[str, torch.Tensor]] = {}
-    for name, t in weights:
-        target, part = _fused_target(name)
-        if part is None:
-            state[target] = t
-            continue
-        pending.setdefault(target, {})[part] = t
-    for target, parts in pending.items():
-        order = ["q", "k", "v"] if "qkv" in target else ["gate", "up"]
-        missing = [p for p in order if p not in parts]
-        if missing:
-            raise ModelLoadError(f"checkpoint lacks the {missing} projection(s) for {target}")
-        state[target] = torch.cat([parts[p] for p in order], dim=0)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = dict(model.named_parameters())
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"checkpoint does not match a Llama model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-    for name, p in expected.items():
-        if tuple(state[name].shape) != tuple(p.shape):
-            raise ModelLoadError(f"{name}: checkpoint shape {tuple(state[name].shape)} != expected {tuple(p.shape)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+        model = LlamaModel(cfg, comm, layers, rules)
+    try:
+        model.load_weights(weights, dtype)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     model.rotary = type(model.rotary)(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, cfg.rope_scaling)
     if getattr(cfg, "_rope_freqs", None) is not None:
         model.rotary.inv_freq = model.rotary.inv_freq / cfg._rope_freqs  # llama3-style factors stored in GGUF
     return model.eval()
-
-
-def _fused_target(hf_name: str) -> tuple[str, str | None]:
-    name = hf_name.removeprefix("model.") if not hf_name.startswith("lm_head") else hf_name
-    for part in ("q", "k", "v"):
-        if name.endswith(f"self_attn.{part}_proj.weight"):
-            return name.replace(f"{part}_proj", "qkv_proj"), part
-    for part in ("gate", "up"):
-        if name.endswith(f"mlp.{part}_proj.weight"):
-            return name.replace(f"{part}_proj", "gate_up_proj"), part
-    return name, None
 
 
 # ---------------------------------------------------------------- Hugging Face directories
@@ -163,7 +154,7 @@ def _iter_safetensors(files: list[Path]):
                 for name in st.keys():
                     if "rotary_emb" in name:
                         continue
-                    yield name, st.get_tensor(name).float()
+                    yield name, SafetensorsSource(st, name)
         except (OSError, ValueError, RuntimeError) as e:  # safetensors raises SafetensorError(Exception)
             raise ModelLoadError(f"could not read {f}: {e}. The file is corrupt or truncated; re-download it.") from e
         except Exception as e:
@@ -239,10 +230,11 @@ def _read_gguf(path: Path):
 
 
 def _iter_gguf(gf, cfg: ModelConfig):
+    D = cfg.head_dim
     for name in gf.tensor_names:
         if name == "rope_freqs.weight":
             continue
-        t = gf.load(name)
+        t = GGUFSource(gf, name)
         if name == "token_embd.weight":
             yield "embed_tokens.weight", t
         elif name == "output_norm.weight":
@@ -253,10 +245,8 @@ def _iter_gguf(gf, cfg: ModelConfig):
             _, idx, kind, _ = name.split(".", 3)
             if kind not in GGUF_NAMES:
                 raise ModelLoadError(f"unexpected GGUF tensor {name}: not a Llama-family weight")
-            if kind == "attn_q":
-                t = unpermute_qk(t, cfg.num_heads)
-            elif kind == "attn_k":
-                t = unpermute_qk(t, cfg.num_kv_heads)
+            if kind in ("attn_q", "attn_k"):   # per head, so it applies to any whole-head slice a rank reads
+                t = GGUFSource(gf, name, transform=lambda w: unpermute_qk(w, w.shape[0] // D))
             yield f"layers.{idx}.{GGUF_NAMES[kind]}.weight", t
         else:
             raise ModelLoadError(f"unexpected GGUF tensor {name}: not a Llama-family weight")

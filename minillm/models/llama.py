@@ -17,6 +17,9 @@ from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
 from minillm.layers.norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding, apply_rotary
+from minillm.parallel.comm import Communicator
+from minillm.parallel.layers import (SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                                     RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
 
 
 @dataclass
@@ -29,29 +32,35 @@ class ForwardContext:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    """GQA attention over this rank's heads (all of them with one rank). `layer` indexes the rank's KV pool."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, comm: Communicator = SINGLE, rules=None) -> None:
         super().__init__()
-        self.layer, self.cfg = layer, cfg
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=False)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.layer = layer
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, comm=comm,
+                                          rules=rules)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, comm=comm, rules=rules)
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        c = self.cfg
-        qk, v = self.qkv_proj(x).split([c.q_size + c.kv_size, c.kv_size], dim=-1)
+        H, KV, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qk, v = self.qkv_proj(x).split([(H + KV) * D, KV * D], dim=-1)
         # Q and K heads side by side take one rotation (half the small ops of rotating them apart).
-        qk = apply_rotary(qk.view(-1, c.num_heads + c.num_kv_heads, c.head_dim), ctx.cos, ctx.sin)
-        q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
-        v = v.view(-1, c.num_kv_heads, c.head_dim)
+        qk = apply_rotary(qk.view(-1, H + KV, D), ctx.cos, ctx.sin)
+        q, k = qk[:, :H], qk[:, H:]
+        v = v.view(-1, KV, D)
         o = ctx.backend.forward(self.layer, q, k, v, ctx.meta, ctx.cache, self.scale)
-        return self.o_proj(o.reshape(-1, c.q_size))
+        return self.o_proj(o.reshape(-1, H * D))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, comm: Communicator = SINGLE, rules=None) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        i = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [i, i], ("gate", "up"), comm=comm, rules=rules)
+        self.down_proj = RowParallelLinear(i, cfg.hidden_size, comm=comm, rules=rules)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -59,12 +68,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, comm: Communicator = SINGLE, rules=None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, comm, rules)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, comm, rules)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), ctx)
@@ -72,31 +81,115 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """The decoder, whole or a shard of it: `comm` splits every layer over tensor-parallel ranks; `layers` keeps
+    a pipeline stage's range of layers (the first stage embeds, the last one normalizes and scores). `rules`
+    (interfaces.TensorParallelRules) decide which slice each rank holds and how row-parallel layers finish."""
+
+    def __init__(self, cfg: ModelConfig, comm: Communicator | None = None, layers: range | None = None,
+                 rules=None) -> None:
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.cfg, self.comm = cfg, comm or SINGLE
+        self.layer_range = range(cfg.num_layers) if layers is None else layers
+        self.is_first = self.layer_range.start == 0
+        self.is_last = self.layer_range.stop == cfg.num_layers
+        c = self.comm
+        has_embed = self.is_first or (self.is_last and cfg.tie_word_embeddings)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, c) if has_embed else None
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, c, rules) for i in range(len(self.layer_range)))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if self.is_last else None
+        self.lm_head = (ParallelLMHead(cfg.vocab_size, cfg.hidden_size, c)
+                        if self.is_last and not cfg.tie_word_embeddings else None)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, cfg.rope_scaling)
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed)."""
-        ctx.cos, ctx.sin = self.rotary.cos_sin(positions)
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return self.norm(x)
+    @property
+    def kv_cfg(self) -> ModelConfig:
+        """The shapes this rank's KV pool holds: its KV heads, its stage's layers."""
+        from minillm.parallel.sharding import shard_config
+        return shard_config(self.cfg, self.comm.world_size, len(self.layer_range))
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed), or for a pipeline stage
+        that is not the last, its layers' output (`hidden` is the previous stage's, for a stage that is not the
+        first)."""
+        ctx.cos, ctx.sin = self.rotary.cos_sin(positions)
+        x = self.embed_tokens(input_ids) if hidden is None else hidden
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return self.norm(x) if self.is_last else x
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[rows, V] fp32 logits; with tensor parallelism each rank scores its slice of the vocabulary and the
+        result exists on rank 0 only (None elsewhere)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         packed = self._packed_lm_head(weight)
         if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), packed, None, "none", [], "")
-        return F.linear(hidden, weight).float()
+            local = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), packed, None, "none", [], "")
+        else:
+            local = F.linear(hidden, weight).float()
+        return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
+
+    def load_weights(self, weights, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+        """Fill the parameters from (Hugging Face name, tensor or weight source) pairs. Each layer reads its own
+        slice (`shard`); q/k/v and gate/up land in their fused matrices; layers outside this stage are skipped
+        unread. Raises ValueError naming what is missing, unexpected or misshaped."""
+        state: dict[str, torch.Tensor] = {}
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        seen_layers: set[int] = set()
+        for hf_name, src in weights:
+            target, part = fused_target(hf_name)
+            if self.cfg.tie_word_embeddings and target == "lm_head.weight":
+                continue
+            target = self._local_name(target, seen_layers)
+            if target is None:
+                continue
+            module_name, _ = target.rsplit(".", 1)
+            try:
+                module = self.get_submodule(module_name)
+            except AttributeError:
+                state[target] = as_source(src).read()   # reported below as unexpected
+                continue
+            src = as_source(src)
+            shard = getattr(module, "shard", None)
+            value = shard(src, part) if shard is not None else src.read()
+            if part is None:
+                state[target] = value
+            else:
+                parts.setdefault(target, {})[part] = value
+        for target, got in parts.items():
+            order = self.get_submodule(target.rsplit(".", 1)[0]).parts
+            missing = [p for p in order if p not in got]
+            if missing:
+                raise ValueError(f"checkpoint lacks the {missing} projection(s) for {target}")
+            state[target] = torch.cat([got[p] for p in order], dim=0)
+        expected = dict(self.named_parameters())
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match a Llama model: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        for name, p in expected.items():
+            if tuple(state[name].shape) != tuple(p.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(state[name].shape)} != expected {tuple(p.shape)}")
+        self.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=False)
+        return self
+
+    def _local_name(self, name: str, seen: set[int]) -> str | None:
+        """A checkpoint name in this stage's numbering, or None for weights another stage holds."""
+        if name.startswith("layers."):
+            _, idx, rest = name.split(".", 2)
+            i = int(idx)
+            if i not in self.layer_range:
+                return None if 0 <= i < self.cfg.num_layers else name
+            return f"layers.{i - self.layer_range.start}.{rest}"
+        if name.startswith("embed_tokens") and self.embed_tokens is None:
+            return None
+        if (name.startswith("norm.") and self.norm is None) or (name.startswith("lm_head") and self.lm_head is None
+                                                                and not self.cfg.tie_word_embeddings):
+            return None
+        return name
 
     def _packed_lm_head(self, weight: torch.Tensor):
         """The LM head (vocab x hidden, the largest matrix) pre-packed for oneDNN, on CPU in fp32.
@@ -115,11 +208,23 @@ class LlamaModel(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return next(self.parameters()).dtype
 
     def weight_bytes(self, per_token: bool = True) -> int:
         """Bytes of weights read per forward pass (the embedding table is gathered, not read whole, unless tied)."""
         total = sum(p.numel() * p.element_size() for p in self.parameters())
-        if per_token and self.lm_head is not None:
+        if per_token and self.lm_head is not None and self.embed_tokens is not None:
             total -= self.embed_tokens.weight.numel() * self.embed_tokens.weight.element_size()
         return total
+
+
+def fused_target(hf_name: str) -> tuple[str, str | None]:
+    """A checkpoint name -> (this model's parameter, which part of a fused matrix it is)."""
+    name = hf_name.removeprefix("model.") if not hf_name.startswith("lm_head") else hf_name
+    for part in ("q", "k", "v"):
+        if name.endswith(f"self_attn.{part}_proj.weight"):
+            return name.replace(f"{part}_proj", "qkv_proj"), part
+    for part in ("gate", "up"):
+        if name.endswith(f"mlp.{part}_proj.weight"):
+            return name.replace(f"{part}_proj", "gate_up_proj"), part
+    return name, None

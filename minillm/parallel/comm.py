@@ -1,0 +1,182 @@
+"""One rank's view of a process group: the handful of collectives minillm uses, each one counted.
+
+Process groups are made directly (`ProcessGroupGloo(store, rank, size)`), never through
+`torch.distributed.init_process_group`: that global default group exists once per process, while minillm may hold
+several engines in one process (tests, notebooks) and ranks may be threads of one process (the lab). Every
+collective goes through a Communicator, so the bench can report exactly what was sent: payload bytes, the number of
+messages and the seconds spent waiting in them.
+
+gloo runs on CPU (over TCP, loopback on one machine); NCCL on CUDA. The same calls serve both.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("MINILLM_DIST_TIMEOUT", "120")))
+
+
+@dataclass
+class CommStats:
+    """What one rank sent: payload bytes and messages per kind of collective, and seconds spent inside them."""
+    bytes: dict = field(default_factory=lambda: defaultdict(int))
+    messages: dict = field(default_factory=lambda: defaultdict(int))
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, kind: str, nbytes: int, seconds: float) -> None:
+        self.bytes[kind] += nbytes
+        self.messages[kind] += 1
+        self.seconds[kind] += seconds
+
+    def reset(self) -> None:
+        self.bytes.clear()
+        self.messages.clear()
+        self.seconds.clear()
+
+    def total(self, what: str = "bytes", exclude: tuple[str, ...] = ()) -> float:
+        return sum(v for k, v in getattr(self, what).items() if k not in exclude)
+
+    def snapshot(self) -> dict:
+        return {k: {"bytes": self.bytes[k], "messages": self.messages[k], "seconds": self.seconds[k]}
+                for k in sorted(self.messages)}
+
+
+class Communicator:
+    """Collectives over one process group. A world of one needs no group: every operation is then the identity,
+    so the single-process model runs the same code with no cost."""
+
+    def __init__(self, pg=None, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+        if world_size > 1 and pg is None:
+            raise ValueError("a Communicator for more than one rank needs a process group")
+        self.pg, self.rank, self.world_size, self.device = pg, rank, world_size, device
+        self.stats = CommStats()
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    def _timed(self, kind: str, nbytes: int, work_fn):
+        t0 = time.perf_counter()
+        work_fn().wait()
+        self.stats.add(kind, nbytes, time.perf_counter() - t0)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over the ranks, in place (every rank ends with the sum)."""
+        if self.world_size > 1:
+            self._timed("all_reduce", t.nbytes, lambda: self.pg.allreduce([t]))
+        return t
+
+    def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's `t` (same shape everywhere), concatenated along `dim` in rank order, on every rank."""
+        if self.world_size == 1:
+            return t
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        self._timed("all_gather", t.nbytes, lambda: self.pg.allgather([parts], [t]))
+        return torch.cat(parts, dim=dim)
+
+    def gather(self, t: torch.Tensor, dim: int = -1, dst: int = 0) -> torch.Tensor | None:
+        """Every rank's `t` concatenated along `dim` on rank `dst` (None elsewhere): the LM head's logits go only
+        where the sampler is."""
+        if self.world_size == 1:
+            return t
+        t = t.contiguous()
+        opts = dist.GatherOptions()
+        opts.rootRank = dst
+        if self.rank == dst:
+            parts = [torch.empty_like(t) for _ in range(self.world_size)]
+            self._timed("gather", t.nbytes, lambda: self.pg.gather([parts], [t], opts))
+            return torch.cat(parts, dim=dim)
+        self._timed("gather", t.nbytes, lambda: self.pg.gather([], [t], opts))
+        return None
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if self.world_size > 1:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = src
+            self._timed("broadcast", t.nbytes if self.rank == src else 0, lambda: self.pg.broadcast([t], opts))
+        return t
+
+    def send(self, t: torch.Tensor, dst: int, tag: int = 0):
+        """Start sending `t` to rank `dst`; returns the pending work (call .wait() before reusing `t`)."""
+        t0 = time.perf_counter()
+        work = self.pg.send([t], dst, tag)
+        self.stats.add("send", t.nbytes, time.perf_counter() - t0)
+        return work
+
+    def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+        self._timed("recv", 0, lambda: self.pg.recv([t], src, tag))
+        return t
+
+    def release(self) -> None:
+        """Drop the process group: its sockets close, so a peer waiting in a collective with this rank fails at
+        once instead of waiting for a timeout (what a crashed process does by dying)."""
+        self.pg = None
+        import gc
+        gc.collect()
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self._timed("barrier", 0, lambda: self.pg.barrier())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def make_process_group(store, rank: int, world_size: int, backend: str = "gloo",
+                       timeout: datetime.timedelta = DEFAULT_TIMEOUT):
+    """A process group for `rank` of `world_size` that meets the others through `store`."""
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, opts)
+    raise ValueError(f"unknown distributed backend {backend!r}: use 'gloo' (CPU) or 'nccl' (CUDA)")
+
+
+def connect(host: str, port: int, rank: int, world_size: int, backend: str = "gloo", prefix: str = "minillm",
+            timeout: datetime.timedelta = DEFAULT_TIMEOUT, store=None) -> Communicator:
+    """Join the group whose rank 0 serves a TCPStore at host:port (rank 0 passes its own `store`)."""
+    if store is None:
+        store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    pg = make_process_group(dist.PrefixStore(prefix, store), rank, world_size, backend, timeout)
+    return Communicator(pg, rank, world_size, "cuda" if backend == "nccl" else "cpu")
+
+
+def thread_communicators(world_size: int, backend: str = "gloo",
+                         timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Communicator]:
+    """`world_size` connected Communicators in this process, one per rank, for ranks that run as threads (the
+    lab, fast tests). Real gloo over loopback TCP, exactly as between processes."""
+    import threading
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, wait_for_workers=False, timeout=DEFAULT_TIMEOUT)
+    prefix = f"threads{id(store)}"
+    comms: list[Communicator | None] = [None] * world_size
+    errors: list[BaseException] = []
+
+    def join(rank: int) -> None:
+        try:
+            comms[rank] = connect("127.0.0.1", store.port, rank, world_size, backend, prefix, timeout,
+                                  store=store if rank == 0 else None)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    for c in comms:
+        c._store = store  # keep the store (and its server) alive as long as the group
+    return comms  # type: ignore[return-value]

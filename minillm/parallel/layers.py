@@ -1,0 +1,215 @@
+"""Tensor-parallel layers (Megatron-style): each rank holds a slice of every matrix, and one all-reduce per
+sub-block puts the pieces back together.
+
+    y = x W^T with W = [W_0; W_1; ...] split by output rows  -> ColumnParallelLinear: rank r computes y[:, part r]
+                                                                 from the full x. No communication.
+    y = x W^T with W = [W_0, W_1, ...] split by input columns -> RowParallelLinear: rank r computes x[:, part r] W_r^T,
+                                                                 a partial sum; all_reduce adds them (then the bias,
+                                                                 once).
+Attention: QKV is column-parallel by whole heads (each rank's query heads with the KV heads they read), attention
+itself is local to the rank, o_proj is row-parallel -> one all-reduce. MLP: gate/up column-parallel (each rank takes
+its slice of gate *and* of up), down row-parallel -> one all-reduce. Two all-reduces of [tokens, hidden] per layer.
+
+Every layer loads its own slice from a weight source (`shape` + `read(rows=, cols=)`), so a rank never holds
+(or, for safetensors and GGUF, even reads) another rank's slice. With one rank every layer is its plain version.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minillm.parallel.comm import Communicator
+
+SINGLE = Communicator()
+
+
+class WeightSource(Protocol):
+    """A checkpoint tensor that can be read in part (see loading/sources.py)."""
+    shape: tuple[int, ...]
+
+    def read(self, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor: ...
+
+
+def as_source(x) -> WeightSource:
+    from minillm.loading.sources import TensorSource
+    return TensorSource(x) if isinstance(x, torch.Tensor) else x
+
+
+def _check_shape(src: WeightSource, want: tuple[int, ...], what: str) -> None:
+    if tuple(src.shape) != tuple(want):
+        raise ValueError(f"{what}: checkpoint shape {tuple(src.shape)} != expected {tuple(want)}")
+
+
+class MegatronRules:
+    """Which slice of a matrix each rank holds, and how a row-parallel layer finishes (minillm's implementation of
+    interfaces.TensorParallelRules; a learner's rules plug in through LlamaModel(rules=) / LLM(tp_rules=))."""
+
+    @staticmethod
+    def column_rows(num_units: int, unit_size: int, rank: int, world_size: int) -> range:
+        """Rows of one column-parallel part (`num_units` units of `unit_size` rows: heads, or single columns) that
+        `rank` holds. Units split evenly; with fewer units than ranks each unit is replicated on world/units
+        consecutive ranks (a KV head with its query group)."""
+        if num_units % world_size == 0:
+            per = num_units // world_size
+            return range(rank * per * unit_size, (rank + 1) * per * unit_size)
+        if world_size % num_units == 0:
+            unit = rank // (world_size // num_units)
+            return range(unit * unit_size, (unit + 1) * unit_size)
+        raise ValueError(f"{num_units} units neither split over nor replicate evenly on {world_size} ranks")
+
+    @staticmethod
+    def row_cols(input_size: int, rank: int, world_size: int) -> range:
+        """Input columns of a row-parallel matrix that `rank` holds."""
+        if input_size % world_size:
+            raise ValueError(f"{input_size} input features do not split over {world_size} ranks")
+        per = input_size // world_size
+        return range(rank * per, (rank + 1) * per)
+
+    @staticmethod
+    def column_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm) -> torch.Tensor:
+        """This rank's output columns: no communication (the next layer consumes them split)."""
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def row_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm) -> torch.Tensor:
+        """This rank's partial product, summed over the ranks; the bias once, after the sum."""
+        y = comm.all_reduce(F.linear(x, weight))
+        return y if bias is None else y + bias
+
+
+MEGATRON = MegatronRules()
+
+
+def _slice(r: range) -> slice:
+    return slice(r.start, r.stop)
+
+
+class ColumnParallelLinear(nn.Module):
+    """Output features split over ranks; the output stays split (the next layer is row-parallel or local).
+
+    The matrix is one or more `parts` stacked by rows, each made of `num_units` units of `unit_size` rows (query
+    heads of head_dim rows; or single columns of the MLP); every part is split on its own, so a fused gate/up holds
+    slice r of gate *and* of up — not slice r of their concatenation, which would give rank 0 all of gate."""
+
+    def __init__(self, input_size: int, parts: Sequence[tuple[str | None, int, int]], bias: bool = False,
+                 comm: Communicator | None = None, rules=None) -> None:
+        super().__init__()
+        self.comm, self.rules = comm or SINGLE, rules or MEGATRON
+        self.tp_rank, self.tp_size = self.comm.rank, self.comm.world_size
+        self.parts = tuple(name for name, _, _ in parts)
+        self.part_sizes = {name: units * size for name, units, size in parts}
+        self.part_rows = {name: self.rules.column_rows(units, size, self.tp_rank, self.tp_size)
+                          for name, units, size in parts}
+        out_local = sum(len(r) for r in self.part_rows.values())
+        self.in_features, self.out_features = input_size, out_local
+        self.weight = nn.Parameter(torch.empty(out_local, input_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False) if bias else None
+
+    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+        full = (self.part_sizes[part], self.in_features)[:len(src.shape)]
+        _check_shape(src, full, f"{part or 'column-parallel'} weight")
+        return src.read(rows=_slice(self.part_rows[part]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rules.column_forward(x, self.weight, self.bias, self.comm)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel matrices fused into one matmul (gate and up)."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], parts: Sequence[str], bias: bool = False,
+                 comm: Communicator | None = None, rules=None) -> None:
+        super().__init__(input_size, [(p, n, 1) for p, n in zip(parts, output_sizes)], bias, comm, rules)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Q, K and V fused, split by whole heads: rank r holds query heads [r·H/tp, (r+1)·H/tp) and the KV heads those
+    queries read. With fewer KV heads than ranks, each KV head is replicated on the tp / KV ranks whose query
+    heads belong to its group."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False,
+                 comm: Communicator | None = None, rules=None) -> None:
+        super().__init__(hidden_size, [("q", num_heads, head_dim), ("k", num_kv_heads, head_dim),
+                                       ("v", num_kv_heads, head_dim)], bias, comm, rules)
+        self.head_dim = head_dim
+        self.num_heads = len(self.part_rows["q"]) // head_dim
+        self.num_kv_heads = len(self.part_rows["k"]) // head_dim
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split over ranks (the input arrives split, from a column-parallel layer or local attention
+    heads); each rank's product is a partial sum, all-reduced. The bias is added once, after the sum."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, comm: Communicator | None = None,
+                 rules=None) -> None:
+        super().__init__()
+        self.comm, self.rules = comm or SINGLE, rules or MEGATRON
+        self.tp_rank, self.tp_size = self.comm.rank, self.comm.world_size
+        self.cols = self.rules.row_cols(input_size, self.tp_rank, self.tp_size)
+        self.input_size, self.in_features, self.out_features = input_size, len(self.cols), output_size
+        self.weight = nn.Parameter(torch.empty(output_size, len(self.cols)), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+
+    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+        if len(src.shape) == 1:  # the bias is not split
+            _check_shape(src, (self.out_features,), "row-parallel bias")
+            return src.read()
+        _check_shape(src, (self.out_features, self.input_size), "row-parallel weight")
+        return src.read(cols=_slice(self.cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rules.row_forward(x, self.weight, self.bias, self.comm)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The embedding table split by vocabulary rows: rank r holds ids [r·Vp, (r+1)·Vp) with Vp = ceil(V / tp) (the
+    last rank's tail is zero padding). A rank looks up the ids it owns, writes zeros for the others, and an
+    all-reduce assembles each token's row (exactly one rank contributed it)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, comm: Communicator | None = None) -> None:
+        super().__init__()
+        self.comm = comm or SINGLE
+        self.tp_rank, self.tp_size = self.comm.rank, self.comm.world_size
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.shard_size = math.ceil(vocab_size / self.tp_size)
+        self.vocab_start = self.tp_rank * self.shard_size
+        self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
+
+    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+        _check_shape(src, (self.vocab_size, self.hidden_size), "embedding")
+        stop = min(self.vocab_start + self.shard_size, self.vocab_size)
+        rows = src.read(rows=slice(self.vocab_start, stop))
+        if rows.shape[0] < self.shard_size:
+            rows = torch.cat([rows, rows.new_zeros(self.shard_size - rows.shape[0], self.hidden_size)])
+        return rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.vocab_start
+        mine = (local >= 0) & (local < self.shard_size)
+        x = F.embedding(torch.where(mine, local, 0), self.weight)
+        x = x * mine.unsqueeze(-1).to(x.dtype)
+        return self.comm.all_reduce(x)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection split by vocabulary rows like the embedding (and, when tied, the same slice): each
+    rank scores its Vp ids; the logits are gathered on rank 0, where the sampler runs."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover -- a head is not looked up
+        raise TypeError("ParallelLMHead computes logits: call logits(hidden)")
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor | None:
+        return gather_logits(F.linear(hidden, self.weight if weight is None else weight).float(),
+                             self.comm, self.vocab_size)
+
+
+def gather_logits(local: torch.Tensor, comm: Communicator, vocab_size: int) -> torch.Tensor | None:
+    """[rows, Vp] local logits -> [rows, V] on rank 0 (padding cut off), None on the other ranks."""
+    full = comm.gather(local, dim=-1)
+    return None if full is None else full[:, :vocab_size]

@@ -1,0 +1,341 @@
+"""The ranks of a parallel engine: rank 0 (the caller's process, which owns the scheduler, the block manager and
+the sampler) and its workers, which own their shard of the model and of the KV pool and run whatever step rank 0
+broadcasts.
+
+    rank 0:   schedule -> send_step(inputs) -> forward(inputs) -> sample ...
+    rank r:   loop { inputs = next step -> forward(inputs) }   until rank 0 sends STOP (or disappears)
+
+Workers start as spawned processes ("mp"), threads of this process ("thread": real gloo over loopback, for
+notebooks and fast tests), or are started by torchrun on one or several machines ("env").
+
+One broadcast per step carries the step's inputs: rank 0 and the workers keep a buffer of the same capacity, and
+a step that does not fit first broadcasts a GROW message (rare: the buffer only grows).
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from minillm.parallel.comm import DEFAULT_TIMEOUT, Communicator, connect
+
+STEP, STOP, GROW, INIT = 1, 2, 3, 4
+HEADER = 2
+# Waiting for the next step is not a failure: a chat engine may sit idle for hours. A rank that dies closes its
+# sockets and the others see that at once; this only bounds a rank that hangs while alive.
+IDLE_TIMEOUT = __import__("datetime").timedelta(days=7)
+
+
+class WorkerError(RuntimeError):
+    """A rank of a parallel engine failed; the engine has been shut down."""
+
+
+class StepChannel:
+    """Rank 0 -> every rank: a command and an int64 payload, one broadcast when it fits the shared capacity."""
+
+    def __init__(self, comm: Communicator, capacity: int = 1 << 12) -> None:
+        self.comm, self.capacity = comm, capacity
+        self.buf = torch.zeros(capacity, dtype=torch.int64)
+
+    def send(self, cmd: int, payload: torch.Tensor | None = None) -> None:
+        n = 0 if payload is None else payload.numel()
+        if n + HEADER > self.capacity:
+            new = max(2 * self.capacity, n + HEADER)
+            self.buf[:HEADER] = torch.tensor([GROW, new])
+            self.comm.broadcast(self.buf)
+            self._grow(new)
+        self.buf[0], self.buf[1] = cmd, n
+        if n:
+            self.buf[HEADER:HEADER + n] = payload
+        self.comm.broadcast(self.buf)
+
+    def recv(self) -> tuple[int, torch.Tensor]:
+        while True:
+            self.comm.broadcast(self.buf)
+            cmd, n = int(self.buf[0]), int(self.buf[1])
+            if cmd == GROW:
+                self._grow(n)
+                continue
+            return cmd, self.buf[HEADER:HEADER + n].clone()
+
+    def _grow(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.buf = torch.zeros(capacity, dtype=torch.int64)
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to build its rank of the engine (picklable, except `layers` in thread mode)."""
+    model: str
+    dtype: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    attention_backend: str
+    block_size: int
+    micro_batches: int
+    threads: int = 1
+    dist_backend: str = "gloo"
+    rules: Any = None            # interfaces.TensorParallelRules; None: minillm's own
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def load_rank(spec: WorkerSpec, comm: Communicator):
+    """This rank's shard of the model: its tensor-parallel slice, or its pipeline stage's layers."""
+    from minillm.loading.loader import load_model, peek_config
+    from minillm.parallel.sharding import stage_layers
+    if spec.pipeline_parallel_size > 1:
+        layers = stage_layers(peek_config(spec.model).num_layers, spec.pipeline_parallel_size, comm.rank)
+        return load_model(spec.model, spec.dtype, None, layers)
+    return load_model(spec.model, spec.dtype, comm, None, spec.rules)
+
+
+def build_runner(spec: WorkerSpec, model, comm: Communicator, num_blocks: int, driver=None):
+    from minillm.engine.model_runner import ModelRunner
+    from minillm.kv.cache import KVCache
+    from minillm.layers.attention import get_attention_backend
+    kv = KVCache(model.kv_cfg, num_blocks, spec.block_size, dtype=model.dtype)
+    return ModelRunner(model, kv, get_attention_backend(spec.attention_backend), comm,
+                       pipeline=spec.pipeline_parallel_size > 1, micro_batches=spec.micro_batches, driver=driver)
+
+
+def serve_steps(spec: WorkerSpec, comm: Communicator, model) -> None:
+    """A worker's life after loading: take the pool size, then run every step rank 0 sends until STOP."""
+    chan = StepChannel(comm)
+    cmd, payload = chan.recv()
+    if cmd == STOP:
+        return
+    assert cmd == INIT, cmd
+    runner = build_runner(spec, model, comm, int(payload[0]))
+    from minillm.engine.model_runner import StepInputs
+    while True:
+        cmd, payload = chan.recv()
+        if cmd == STOP:
+            return
+        runner.forward(StepInputs.unpack(payload))
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the process that started us is gone (it may have been killed without a word)."""
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(3)
+    threading.Thread(target=watch, daemon=True, name="minillm-parent-watch").start()
+
+
+def _process_main(spec: WorkerSpec, rank: int, port: int, parent: int) -> None:
+    """Entry point of a spawned worker process."""
+    _watch_parent(parent)
+    torch.set_num_threads(max(1, spec.threads))
+    store = dist.TCPStore("127.0.0.1", port, spec.world_size, False, timeout=DEFAULT_TIMEOUT)
+    try:
+        store.set(f"joined/{rank}", "1")
+        comm = connect("127.0.0.1", port, rank, spec.world_size, spec.dist_backend, store=store,
+                       timeout=IDLE_TIMEOUT)
+        model = load_rank(spec, comm).model
+        serve_steps(spec, comm, model)
+    except BaseException as e:  # noqa: BLE001 -- rank 0 reads this to say what went wrong
+        try:
+            store.set(f"error/{rank}", f"{type(e).__name__}: {e}")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+
+
+class Workers:
+    """Rank 0's handle on the other ranks: starts them, broadcasts steps, notices failures, shuts them down."""
+
+    def __init__(self, spec: WorkerSpec, backend: str) -> None:
+        self.spec, self.backend = spec, backend
+        self.procs: list[Any] = []
+        self.threads: list[threading.Thread] = []
+        self.thread_errors: dict[int, BaseException] = {}
+        self.store = None
+        self.closed = False
+        world = spec.world_size
+        if backend == "mp":
+            self.comm = self._start_processes()
+        elif backend == "thread":
+            self.comm = self._start_threads()
+        elif backend == "env":
+            self.comm = self._join_env()
+        else:
+            raise ValueError(f"unknown distributed_executor_backend {backend!r}")
+        if self.comm.world_size != world:
+            raise ValueError(f"the group has {self.comm.world_size} ranks but tensor_parallel_size x "
+                             f"pipeline_parallel_size = {world}")
+        self.chan = StepChannel(self.comm)
+        _live.add(self)
+
+    # ------------------------------------------------------------------ start
+    def _start_processes(self) -> Communicator:
+        import torch.multiprocessing as mp
+        spec = self.spec
+        store = dist.TCPStore("127.0.0.1", 0, spec.world_size, True, wait_for_workers=False, timeout=DEFAULT_TIMEOUT)
+        self.store = store
+        ctx = mp.get_context("spawn")
+        for rank in range(1, spec.world_size):
+            p = ctx.Process(target=_process_main, args=(spec, rank, store.port, os.getpid()), daemon=True,
+                            name=f"minillm-rank{rank}")
+            p.start()
+            self.procs.append(p)
+        self._wait_joined(store)
+        return connect("127.0.0.1", store.port, 0, spec.world_size, spec.dist_backend, store=store,
+                       timeout=IDLE_TIMEOUT)
+
+    def _wait_joined(self, store) -> None:
+        """Wait for every worker to reach the rendezvous, noticing one that died on the way (a bad import, ...)."""
+        keys = [f"joined/{r}" for r in range(1, self.spec.world_size)]
+        deadline = time.monotonic() + DEFAULT_TIMEOUT.total_seconds()
+        while True:
+            dead = [p for p in self.procs if not p.is_alive()]
+            if dead:
+                self.close(graceful=False)
+                raise WorkerError(f"worker process {dead[0].name} exited with code {dead[0].exitcode} while "
+                                  f"starting{self._errors_text()}")
+            if store.check(keys):
+                return
+            if time.monotonic() > deadline:
+                self.close(graceful=False)
+                raise WorkerError("workers did not start in time")
+            time.sleep(0.05)
+
+    def _start_threads(self) -> Communicator:
+        from minillm.parallel.comm import thread_communicators
+        spec = self.spec
+        comms = thread_communicators(spec.world_size, spec.dist_backend, IDLE_TIMEOUT)
+
+        def run(rank: int) -> None:
+            try:
+                model = load_rank(spec, comms[rank]).model
+                serve_steps(spec, comms[rank], model)
+            except BaseException as e:  # noqa: BLE001 -- reported by failure()
+                self.thread_errors[rank] = e
+            finally:
+                comms[rank].release()    # like a process exiting: the other ranks see the group break
+        for rank in range(1, spec.world_size):
+            t = threading.Thread(target=run, args=(rank,), daemon=True, name=f"minillm-rank{rank}")
+            t.start()
+            self.threads.append(t)
+        return comms[0]
+
+    def _join_env(self) -> Communicator:
+        store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
+        if rank != 0:
+            raise RuntimeError("only rank 0 drives the engine")
+        self.store = store
+        pg = __import__("minillm.parallel.comm", fromlist=["make_process_group"]).make_process_group(
+            dist.PrefixStore("minillm", store), 0, world, self.spec.dist_backend, IDLE_TIMEOUT)
+        return Communicator(pg, 0, world)
+
+    # ------------------------------------------------------------------ run
+    def init(self, num_blocks: int) -> None:
+        self.chan.send(INIT, torch.tensor([num_blocks]))
+
+    def send_step(self, inputs) -> None:
+        if self.closed:
+            raise WorkerError("this parallel engine has been shut down (a worker failed or close() was called): "
+                              "create a new LLM")
+        try:
+            self.chan.send(STEP, inputs.pack())
+        except RuntimeError as e:
+            raise self.failure(e) from e
+
+    def failure(self, exc: BaseException) -> WorkerError:
+        """Turn a failed collective into one clear error naming the rank that went away, and shut everything
+        down (a half-dead group can never step again)."""
+        time.sleep(0.2)   # let a dying process finish dying, so its exit code is known
+        dead = [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
+        dead += [f"minillm-rank{r} ({type(e).__name__}: {e})" for r, e in self.thread_errors.items()]
+        errors = self._errors_text()
+        self.close(graceful=False)
+        who = ", ".join(dead) if dead else "a rank"
+        return WorkerError(f"{who} of the parallel engine failed during a step{errors}; the engine is shut down "
+                           f"and its workers stopped. Create a new LLM to continue. (collective error: "
+                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+
+    def _errors_text(self) -> str:
+        if self.store is None:
+            return ""
+        found = []
+        for r in range(1, self.spec.world_size):
+            try:
+                if self.store.check([f"error/{r}"]):
+                    found.append(f"rank {r}: {self.store.get(f'error/{r}').decode()}")
+            except Exception:  # noqa: BLE001
+                pass
+        return (": " + "; ".join(found)) if found else ""
+
+    # ------------------------------------------------------------------ stop
+    def close(self, graceful: bool = True) -> None:
+        """Stop every worker and wait for it; nothing is left running afterwards."""
+        if self.closed:
+            return
+        self.closed = True
+        if graceful:
+            try:
+                self.chan.send(STOP)
+            except Exception:  # noqa: BLE001 -- a worker already gone: terminate below
+                pass
+        for p in self.procs:
+            p.join(timeout=10 if graceful else 0.5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if not graceful or self.threads:
+            self.comm.release()
+        for t in self.threads:
+            t.join(timeout=10 if graceful else 1)
+        _live.discard(self)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+_live: "weakref.WeakSet[Workers]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for w in list(_live):
+        w.close()
+
+
+def run_env_worker(spec: WorkerSpec) -> None:
+    """A torchrun rank other than 0: join the group, load this rank's shard, serve steps until rank 0 stops."""
+    store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
+    if world != spec.world_size:
+        raise ValueError(f"torchrun started {world} processes but tensor_parallel_size x pipeline_parallel_size = "
+                         f"{spec.world_size}: give torchrun --nnodes x --nproc-per-node = {spec.world_size}")
+    from minillm.parallel.comm import make_process_group
+    pg = make_process_group(dist.PrefixStore("minillm", store), rank, world, spec.dist_backend, IDLE_TIMEOUT)
+    comm = Communicator(pg, rank, world)
+    torch.set_num_threads(max(1, spec.threads))
+    serve_steps(spec, comm, load_rank(spec, comm).model)
+
+
+def env_rank() -> int | None:
+    """This process's rank when torchrun (or another env:// launcher) started it, else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return int(os.environ["RANK"])
+    return None
+
+
+def replace_spec(spec: WorkerSpec, **changes) -> WorkerSpec:
+    return dataclasses.replace(spec, **changes)
