@@ -525,5 +525,28 @@ def tiny_tokenizer():
     return Tokenizer(tok, bos_token_id=None, eos_token_id=eos, add_bos_token=False, chat_template=None)
 
 
+def save_model_dir(model, path) -> "Path":
+    """Write an unsharded LlamaModel as a Hugging Face directory (config.json, model.safetensors, and the tiny
+    tokenizer's tokenizer.json), so anything that takes a model path — LLM(...), parallel engines whose ranks
+    each load their own slice, the CLI — can run a tiny random model."""
+    import json
+    from pathlib import Path
+    from safetensors.torch import save_file
+    from minillm.parallel.shard_util import hf_state
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    c = model.cfg
+    eos = tiny_tokenizer().eos_token_id if c.vocab_size >= tiny_tokenizer().vocab_size else c.eos_token_id
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings, "eos_token_id": eos, "bos_token_id": None}))
+    save_file({k: v.contiguous().float() for k, v in hf_state(model)}, str(path / "model.safetensors"))
+    tiny_tokenizer()._tok.save(str(path / "tokenizer.json"))
+    return path
+
+
 from minillm.grading.core import seal  # noqa: E402
 seal(globals())

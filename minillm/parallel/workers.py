@@ -163,6 +163,7 @@ class Workers:
         self.threads: list[threading.Thread] = []
         self.thread_errors: dict[int, BaseException] = {}
         self.store = None
+        self.comm: Communicator | None = None
         self.closed = False
         world = spec.world_size
         if backend == "mp":
@@ -204,7 +205,9 @@ class Workers:
             if dead:
                 self.close(graceful=False)
                 raise WorkerError(f"worker process {dead[0].name} exited with code {dead[0].exitcode} while "
-                                  f"starting{self._errors_text()}")
+                                  f"starting{self._errors_text()}. Workers are spawned and re-import the main "
+                                  "script: in a script, create the LLM under `if __name__ == '__main__':` (in a "
+                                  "notebook, use distributed_executor_backend='thread')")
             if store.check(keys):
                 return
             if time.monotonic() > deadline:
@@ -297,7 +300,7 @@ class Workers:
             if p.is_alive():
                 p.kill()
                 p.join()
-        if not graceful or self.threads:
+        if self.comm is not None and (not graceful or self.threads):
             self.comm.release()
         for t in self.threads:
             t.join(timeout=10 if graceful else 1)

@@ -1,0 +1,314 @@
+"""Tensor and pipeline parallelism: sharded = unsharded (logits and engine outputs), the sharding rules, one
+broadcast per step, failures that stop everything with a clear error, and no process left behind."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minillm import LLM, SamplingParams
+from minillm.config import ModelConfig
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.model_runner import ModelRunner, StepInputs
+from minillm.kv.cache import KVCache
+from minillm.layers.attention import get_attention_backend
+from minillm.loading.loader import build_model
+from minillm.parallel.comm import thread_communicators
+from minillm.parallel.layers import MEGATRON
+from minillm.parallel.shard_util import hf_state
+from minillm.parallel.sharding import check_tp_size, stage_layers, valid_tp_sizes
+from minillm.parallel.workers import WorkerError
+from minillm.testing import random_model, save_model_dir
+from tests.test_engine import run_engine
+
+
+def run_ranks(world: int, fn):
+    """fn(rank, comm) on `world` thread ranks over real gloo; returns every rank's result."""
+    comms = thread_communicators(world)
+    out, errors = [None] * world, []
+
+    def go(rank):
+        try:
+            out[rank] = fn(rank, comms[rank])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            comms[rank].release()
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out, comms
+
+
+def step_logits(model, inputs: StepInputs, comm=None):
+    kv = KVCache(model.kv_cfg, 8, 8)
+    return ModelRunner(model, kv, get_attention_backend("torch"), comm or model.comm).forward(inputs)
+
+
+def prefill_inputs(seqs: list[list[int]]) -> StepInputs:
+    ids, qlens, tables, slots, rows = [], [], [], [], []
+    for i, s in enumerate(seqs):     # sequence i owns blocks 2i, 2i+1 (8 slots each)
+        ids += s
+        qlens.append(len(s))
+        tables.append([2 * i, 2 * i + 1])
+        slots += [16 * i + j for j in range(len(s))]
+        rows += list(range(len(ids) - len(s), len(ids)))     # every position's logits
+    pos = [j for s in seqs for j in range(len(s))]
+    return StepInputs(torch.tensor(ids), torch.tensor(pos), qlens, list(qlens), torch.tensor(slots), tables, [], rows)
+
+
+LAYOUTS = [  # (heads, kv_heads, tp, tie, vocab): even splits, KV replication, a vocabulary that does not divide
+    (4, 2, 2, False, 128), (4, 2, 4, True, 101), (8, 8, 2, False, 97), (8, 8, 4, True, 128), (6, 3, 3, False, 100),
+    (4, 1, 2, True, 64), (4, 1, 4, False, 130), (8, 2, 8, False, 128)]
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp, tie, vocab", LAYOUTS)
+def test_tensor_parallel_logits_equal_single_rank(heads, kv_heads, tp, tie, vocab):
+    full = random_model(seed=heads * 10 + tp, heads=heads, kv_heads=kv_heads, head_dim=8, layers=2, vocab=vocab,
+                        tie=tie)
+    inputs = prefill_inputs([[3, 9, 4, 1, 7, 7, 2], [5, 6, 8, 11, 12]])
+    want = step_logits(full, inputs)
+    state = list(hf_state(full))
+    out, comms = run_ranks(tp, lambda r, c: step_logits(build_model(full.cfg, state, torch.float32, c), inputs))
+    assert out[0].shape == want.shape and all(o is None for o in out[1:])
+    assert (out[0] - want).abs().max().item() < 1e-4
+    # 1 embedding all-reduce + 2 per layer, and one gather of the logits
+    assert comms[0].stats.messages["all_reduce"] == 1 + 2 * full.cfg.num_layers
+    assert comms[0].stats.bytes["all_reduce"] == (1 + 2 * 2) * inputs.input_ids.numel() * full.cfg.hidden_size * 4
+    assert comms[0].stats.messages["gather"] == 1
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp", [(4, 2, 2), (4, 2, 4), (8, 2, 8), (6, 3, 3), (4, 1, 4)])
+def test_each_rank_keeps_its_query_groups_kv_heads(heads, kv_heads, tp):
+    group = heads // kv_heads
+    for rank in range(tp):
+        q = MEGATRON.column_rows(heads, 1, rank, tp)
+        kv = MEGATRON.column_rows(kv_heads, 1, rank, tp)
+        assert len(q) == heads // tp and len(kv) == max(1, kv_heads // tp)
+        assert {h // group for h in q} == set(kv), f"rank {rank}: query heads {list(q)} need KV heads {set(kv)}"
+    covered = sorted(h for r in range(tp) for h in MEGATRON.column_rows(heads, 1, r, tp))
+    assert covered == list(range(heads))
+
+
+def test_sharding_rules_and_valid_sizes():
+    smollm = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                         num_kv_heads=3, head_dim=64)
+    assert valid_tp_sizes(smollm) == [1, 3]
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 cannot shard.*9 query heads.*Valid sizes: 1, 3"):
+        check_tp_size(smollm, 2)
+    with pytest.raises(ValueError, match="neither split over nor replicate"):
+        MEGATRON.column_rows(3, 64, 0, 2)
+    assert [list(stage_layers(30, 4, s)) for s in range(4)] == [list(range(0, 8)), list(range(8, 16)),
+                                                                 list(range(16, 23)), list(range(23, 30))]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(seqs=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 30), st.integers(1, 5)), min_size=1, max_size=6),
+       copies=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=3), data=st.data())
+def test_step_inputs_survive_packing(seqs, copies, data):
+    ids = [data.draw(st.integers(0, 10**6)) for q, _, _ in seqs for _ in range(q)]
+    T = len(ids)
+    rows = sorted(data.draw(st.sets(st.integers(0, T - 1), max_size=T)))
+    inputs = StepInputs(torch.tensor(ids), torch.arange(T), [q for q, _, _ in seqs], [q + c for q, c, _ in seqs],
+                        torch.arange(T) * 3, [list(range(n)) for _, _, n in seqs], copies, rows)
+    back = StepInputs.unpack(inputs.pack())
+    assert back.input_ids.tolist() == ids and back.positions.tolist() == list(range(T))
+    assert (back.query_lens, back.seq_lens, back.block_tables, back.block_copies, back.sample_rows) == \
+        (inputs.query_lens, inputs.seq_lens, inputs.block_tables, [tuple(c) for c in copies], rows)
+    assert back.slot_mapping.tolist() == inputs.slot_mapping.tolist()
+
+
+# --------------------------------------------------------------------------- the engine, sharded
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    model = random_model(seed=3, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=302, tie=False)
+    return model, save_model_dir(model, tmp_path_factory.mktemp("tiny"))
+
+
+REQS = st.lists(st.tuples(st.lists(st.integers(3, 250), min_size=1, max_size=30), st.integers(1, 10)),
+                min_size=1, max_size=5)
+
+
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2),
+                                    dict(pipeline_parallel_size=2, pipeline_micro_batches=3)],
+                         ids=["tp2", "pp2", "pp2-mb3"])
+def test_parallel_engine_equals_single_process(tiny_dir, layout):
+    """Continuous batching, chunked prefill (a 12-token budget), preemption (a 14-block pool of 4 tokens) and prefix
+    caching, with arrivals spread over steps: every request's greedy tokens equal the one-process engine's."""
+    model, path = tiny_dir
+    settings_ = dict(num_blocks=14, block_size=4, max_num_batched_tokens=12, max_num_seqs=4,
+                     enable_prefix_caching=True)
+    single = LLMEngine.from_model(model, **settings_)
+    with LLM(str(path), distributed_executor_backend="thread", **layout, **settings_) as llm:
+        engine = llm.engine
+        preempted = []
+        engine.add_step_observer(lambda info: preempted.extend(info.scheduler_output.preempted))
+
+        @settings(max_examples=8, deadline=None, derandomize=True)
+        @given(reqs=REQS, gaps=st.lists(st.integers(0, 2), min_size=5, max_size=5))
+        def check(reqs, gaps):
+            requests = [(p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)) for p, m in reqs]
+            arrivals = [sum(gaps[:i]) for i in range(len(requests))]
+            assert run_engine(engine, requests, arrivals) == run_engine(single, requests, arrivals)
+            assert engine.block_manager.num_free_blocks == 14
+        check()
+        crowd = [(list(range(10 * i + 3, 10 * i + 23)), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+                 for i in range(3)]      # 3 x 8 blocks of KV, 14 in the pool
+        assert run_engine(engine, crowd) == run_engine(single, crowd)
+        shared = [(list(range(3, 27)) + [100 + i], SamplingParams(temperature=0, max_tokens=4)) for i in range(3)]
+        assert run_engine(engine, shared) == run_engine(single, shared)
+        assert engine.block_manager.stats.hits > 0, "the shared prompt was meant to hit the prefix cache"
+        assert preempted, "the small pool was meant to force preemption"
+
+
+def test_one_broadcast_per_step_and_bytes_per_token(tiny_dir):
+    model, path = tiny_dir
+    with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread") as llm:
+        stats = llm.engine.runner.comm.stats
+        stats.reset()
+        steps = []
+        llm.engine.add_step_observer(lambda info: steps.append(info))
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+        assert stats.messages["broadcast"] == len(steps) == 6
+        tokens = 3 + 5           # the prompt's prefill, then one decode token per step
+        c = model.cfg
+        assert stats.bytes["all_reduce"] == tokens * (2 * c.num_layers + 1) * c.hidden_size * 4
+
+
+def test_bad_layouts_rejected_before_any_process(tiny_dir):
+    _, path = tiny_dir
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 cannot shard.*Valid sizes: 1, 2, 4"):
+        LLM(str(path), tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="pipeline_parallel_size=3 is more stages than"):
+        LLM(str(path), pipeline_parallel_size=3)
+    with pytest.raises(ValueError, match="tensor and pipeline parallelism together"):
+        LLM(str(path), tensor_parallel_size=2, pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match="layer_skip"):
+        LLM(str(path), tensor_parallel_size=2, speculative_config={"method": "layer_skip", "draft_layers": 1})
+    assert multiprocessing.active_children() == []
+
+
+def test_a_failing_thread_rank_stops_the_engine_with_a_clear_error(tiny_dir):
+    _, path = tiny_dir
+
+    class Faulty(type(MEGATRON)):
+        def row_forward(self, x, weight, bias, comm):
+            if comm.rank == 1 and x.shape[0] == 1:      # decode steps fail on rank 1
+                raise RuntimeError("rank 1 broke")
+            return super().row_forward(x, weight, bias, comm)
+    llm = LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", tp_rules=Faulty())
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="minillm-rank1.*rank 1 broke.*Create a new LLM"):
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(WorkerError, match="shut down"):
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert not any(t.name.startswith("minillm-rank") and t.is_alive() for t in threading.enumerate())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+def test_processes_equal_threads_and_leave_nothing_behind(tiny_dir):
+    _, path = tiny_dir
+    prompts = [[5, 6, 7, 8], list(range(10, 40))]
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(path)).generate(prompts, p, use_tqdm=False)]
+    llm = LLM(str(path), tensor_parallel_size=2)
+    pids = llm.engine.workers.pids
+    assert len(pids) == 1 and _alive(pids[0])
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)] == want
+    llm.close()
+    assert not any(_alive(pid) for pid in pids) and multiprocessing.active_children() == []
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_step_raises_and_releases_everything(tiny_dir):
+    _, path = tiny_dir
+    llm = LLM(str(path), tensor_parallel_size=2)
+    pid = llm.engine.workers.pids[0]
+    llm.engine.add_step_observer(lambda info: os.kill(pid, signal.SIGKILL) if info.step == 2 else None)
+    with pytest.raises(WorkerError, match=r"minillm-rank1 \(exit code -9\).*Create a new LLM"):
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    assert multiprocessing.active_children() == [] and not _alive(pid)
+
+
+@pytest.mark.slow
+def test_workers_exit_when_rank0_dies(tiny_dir, tmp_path):
+    _, path = tiny_dir
+    script = tmp_path / "rank0.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        from minillm import LLM
+        if __name__ == "__main__":
+            llm = LLM({str(path)!r}, tensor_parallel_size=2)
+            print(*llm.engine.workers.pids, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    pids = [int(x) for x in proc.stdout.split()]
+    assert proc.returncode == -signal.SIGKILL and pids, proc.stderr[-2000:]
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids), "a worker outlived its rank 0"
+
+
+@pytest.mark.slow
+def test_two_nodes_through_torchrun_env_rendezvous(tiny_dir):
+    """Two 'machines' on loopback: two torchrun agents (--nnodes 2, one process each) run the same CLI command;
+    node 0's rank prints the tokens, which equal the single-process engine's."""
+    from minillm.parallel.comm import free_port
+    _, path = tiny_dir
+    port = free_port()
+    cmd = ["-m", "minillm", "generate", "ab", "--model", str(path), "--max-tokens", "10", "--temperature", "0",
+           "--ignore-eos", "--tensor-parallel-size", "2"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(torchrun + ["--node-rank", str(r)] + cmd, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [n.communicate(timeout=180) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    single = subprocess.run([sys.executable] + cmd[:-2], capture_output=True, text=True, env=env, timeout=120)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert outs[0][0] == single.stdout and outs[0][0].strip()
+    assert outs[1][0].strip() == ""          # the worker rank prints nothing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=3), dict(pipeline_parallel_size=2)],
+                         ids=["tp3", "pp2"])
+def test_smollm_sharded_greedy_tokens_equal_one_process(layout, smollm_llm_outputs):
+    prompts, params, want = smollm_llm_outputs
+    with LLM("default", **layout) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+
+
+@pytest.fixture(scope="module")
+def smollm_llm_outputs():
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    return prompts, params, [o.outputs[0].token_ids for o in LLM("default").generate(prompts, params,
+                                                                                      use_tqdm=False)]
