@@ -282,7 +282,7 @@ def test_two_nodes_through_torchrun_env_rendezvous(tiny_dir):
     _, path = tiny_dir
     port = free_port()
     cmd = ["-m", "minillm", "generate", "ab", "--model", str(path), "--max-tokens", "10", "--temperature", "0",
-           "--ignore-eos", "--tensor-parallel-size", "2"]
+           "--tensor-parallel-size", "2"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                 "--master-addr", "127.0.0.1", "--master-port", str(port)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
