@@ -169,11 +169,32 @@ def cmd_chat(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what != "parallel":
+        par = engine_config(args).parallel
+        if par.world_size > 1:
+            raise ValueError(f"bench {args.what} runs the model in one process: --tensor-parallel-size / "
+                             "--pipeline-parallel-size apply to `minillm bench parallel` (choose with --layouts), "
+                             "generate and chat")
+    elif args.tensor_parallel_size or args.pipeline_parallel_size:
+        raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
+                         "--tensor-parallel-size / --pipeline-parallel-size")
     if args.what == "decode":
         from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
         config = engine_config(args)
-        b = run_decode_bench(_load(args, config), config, prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps)
+        b = run_decode_bench(_load(args, config), config, prompt_lens=tuple(args.prompt_lens),
+                             decode_steps=args.steps or 64)
         print(json.dumps(as_dict(b)) if args.json else format_decode_bench(b))
+        return 0
+    if args.what == "parallel":
+        from minillm.bench.parallel import format_parallel, parallel_plot, run_parallel_bench
+        config = engine_config(args)
+        progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
+        r = run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes), args.steps or 16,
+                               progress=progress)
+        if args.plot:
+            parallel_plot(r, args.plot)
+        print(json.dumps(r) if args.json else format_parallel(r) + (f"\nplot written to {args.plot}" if args.plot
+                                                                     else ""))
         return 0
     from minillm.bench import cli as bench_cli  # throughput / kv live with the batching engine
     return bench_cli.run(args)
@@ -213,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
                "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
                "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
+               "  minillm bench parallel --plot par.png      # TP 1/2/3 and PP 2, batch 1 and 16: ~2 min\n"
                + EPILOG_MODEL)
-    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured"],
+    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
                         "kv: paged vs contiguous KV waste and concurrency; "
@@ -223,12 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the draft_model proposer drafts with --draft-model, default: the target itself, the only "
                         "model with its vocabulary that installs offline; layer_skip with --draft-layers, default 24); "
                         "structured: constrained decoding's index build time, mask cost per step and tokens/s "
-                        "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat)")
+                        "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat); "
+                        "parallel: step time at each --batch-sizes, bytes sent per token vs the formula and time in "
+                        "collectives for each of --layouts (uses --steps)")
     _add_model_args(b)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
                    help="decode: prompt lengths to time prefill at")
-    b.add_argument("--steps", type=int, default=64, help="decode: tokens to time")
+    b.add_argument("--steps", type=int, default=None, help="decode: tokens to time (default 64); parallel: decode "
+                                                             "steps per batch size (default 16)")
+    b.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp3", "pp2"],
+                   help="parallel: tpN / ppN layouts to compare (one that does not divide the model is skipped "
+                        "with the reason)")
     b.add_argument("--num-requests", type=int, default=64, help="throughput/kv: requests in the workload")
     b.add_argument("--seed", type=int, default=0, help="workload seed")
     b.add_argument("--prompt-lens", dest="prompt_range", type=int, nargs=2, default=[32, 512], metavar=("MIN", "MAX"),

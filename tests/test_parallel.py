@@ -312,3 +312,25 @@ def smollm_llm_outputs():
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     return prompts, params, [o.outputs[0].token_ids for o in LLM("default").generate(prompts, params,
                                                                                       use_tqdm=False)]
+
+
+def test_bench_parallel_measures_what_the_formula_says(tiny_dir, tmp_path):
+    from minillm.bench.parallel import format_parallel, parallel_plot, run_parallel_bench
+    from minillm.config import EngineConfig
+    model, path = tiny_dir
+    cfg = model.cfg
+    r = run_parallel_bench(str(path), EngineConfig.from_kwargs(distributed_executor_backend="thread"),
+                           ("tp1", "tp2", "tp3", "pp2"), (1, 3), steps=3, prompt_len=5)
+    assert "query heads do not split" in r["layouts"]["tp3"]["skipped"]
+    h = cfg.hidden_size * 4
+    assert r["layouts"]["tp2"]["formula_bytes_per_token"] == (2 * cfg.num_layers + 1) * h
+    assert r["layouts"]["pp2"]["formula_bytes_per_token"] == h
+    for name in ("tp2", "pp2"):
+        for b in (1, 3):
+            L = r["layouts"][name]
+            assert L["by_batch"][b]["bytes_per_token"] == L["formula_bytes_per_token"], (name, b)
+    assert r["layouts"]["tp1"]["by_batch"][1]["bytes_per_token"] == 0
+    text = format_parallel(r)
+    assert "tp2 step time vs tp1" in text and "skipped" in text
+    parallel_plot(r, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
