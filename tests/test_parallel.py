@@ -334,3 +334,38 @@ def test_bench_parallel_measures_what_the_formula_says(tiny_dir, tmp_path):
     assert "tp2 step time vs tp1" in text and "skipped" in text
     parallel_plot(r, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_sampling_n_and_structured_outputs_work_sharded(tiny_dir):
+    """Rank 0's sampler sees the same logits: seeded samples, n > 1 and a regex constraint give the one-process
+    engine's outputs."""
+    from minillm import StructuredOutputsParams
+    model, path = tiny_dir
+    reqs = [("ab", SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=8)),
+            ("x", SamplingParams(temperature=0.8, seed=3, max_tokens=12,
+                                 structured_outputs=StructuredOutputsParams(regex=r"(yes|no)-\d{2}")))]
+
+    def texts(llm):
+        return [[c.text for c in o.outputs] for o in llm.generate([p for p, _ in reqs], [q for _, q in reqs],
+                                                                   use_tqdm=False)]
+    want = texts(LLM(str(path)))
+    with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread") as llm:
+        got = texts(llm)
+    assert got == want
+    import re
+    assert re.fullmatch(r"(yes|no)-\d{2}", got[1][0])
+
+
+@pytest.mark.slow
+def test_gguf_partial_reads_equal_slices_of_the_whole_tensor():
+    from minillm.loading.default_model import default_model_path
+    from minillm.loading.gguf_file import GGUFFile
+    from minillm.loading.sources import GGUFSource
+    gf = GGUFFile.open(default_model_path())
+    for name, rows, cols in [("blk.0.ffn_down.weight", None, slice(512, 1024)),       # Q4_1, whole blocks
+                             ("blk.3.attn_output.weight", slice(64, 128), slice(200, 390)),  # not on blocks
+                             ("blk.1.ffn_gate.weight", slice(512, 1024), None),
+                             ("token_embd.weight", slice(16384, 32768), None)]:         # Q8_0
+        src = GGUFSource(gf, name)
+        whole = gf.load(name)
+        assert torch.equal(src.read(rows=rows, cols=cols), whole[rows or slice(None), cols or slice(None)]), name
