@@ -72,6 +72,12 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--threads", "0"], "--threads must be a positive integer"),
     (["bench", "decode", "--prefill-lens", "0"], "--prefill-lens must be positive"),
     (["bench", "kv", "--num-requests", "0"], "--num-requests must be at least 1"),
+    (["generate", "hi", "--tensor-parallel-size", "2"], "Valid sizes: 1, 3"),      # refused before any process
+    (["generate", "hi", "--tensor-parallel-size", "0"], "tensor_parallel_size must be a positive integer"),
+    (["generate", "hi", "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"], "together"),
+    (["generate", "hi", "--distributed-executor-backend", "ray"], "distributed_executor_backend"),
+    (["bench", "decode", "--tensor-parallel-size", "3"], "bench parallel"),
+    (["bench", "parallel", "--tensor-parallel-size", "3"], "--layouts"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2
