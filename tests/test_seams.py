@@ -70,7 +70,8 @@ def test_every_entry_point_takes_its_defaults_from_engine_config():
     import inspect
 
     from minillm.llm import LLM
-    assert [p.name for p in inspect.signature(LLM).parameters.values()] == ["model", "settings"]
+    # settings all go through EngineConfig; tp_rules is a plugged piece (lab09), not a setting
+    assert [p.name for p in inspect.signature(LLM).parameters.values()] == ["model", "tp_rules", "settings"]
     assert list(inspect.signature(LLMEngine.from_model).parameters) == ["model", "tokenizer", "settings"]
 
 
@@ -79,7 +80,9 @@ def test_engine_config_fields_have_one_default_each():
     assert CacheConfig().kv_cache_memory == "2GiB" and SchedulerConfig().max_num_seqs == 64
     assert set(setting_names()) == {"dtype", "max_model_len", "attention_backend", "block_size", "num_blocks",
                                     "kv_cache_memory", "enable_prefix_caching", "max_num_seqs",
-                                    "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config"}
+                                    "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config",
+                                    "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
+                                    "pipeline_micro_batches"}
 
 
 def test_a_large_kv_budget_costs_no_memory_up_front():

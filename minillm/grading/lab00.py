@@ -44,8 +44,9 @@ def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
     flops = nbytes = 0
     for layer in model.layers:
         for m in layer.modules():
-            if isinstance(m, torch.nn.Linear):
-                f, b = linear_flops_bytes_ref(num_tokens, m.in_features, m.out_features, dtype_bytes)
+            w = dict(m.named_parameters(recurse=False)).get("weight")
+            if w is not None and w.dim() == 2:     # the matrices (norm weights are vectors)
+                f, b = linear_flops_bytes_ref(num_tokens, w.shape[1], w.shape[0], dtype_bytes)
                 flops, nbytes = flops + f, nbytes + b
     head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
     f, b = linear_flops_bytes_ref(num_logits, head.shape[1], head.shape[0], dtype_bytes)

@@ -160,6 +160,10 @@ class Tokenizer:
         """token string -> id, added tokens included (two tokenizers agree on ids iff these are equal)."""
         return self._tok.get_vocab(with_added_tokens=True)
 
+    def save(self, path: str | Path) -> None:
+        """Write the vocabulary, merges and pre-tokenizer as a Hugging Face tokenizer.json."""
+        self._tok.save(str(path))
+
     @property
     def bos_token(self) -> str | None:
         return None if self.bos_token_id is None else self.id_to_token(self.bos_token_id)
