@@ -137,6 +137,14 @@ def cmd_chat(args) -> int:
     from minillm.engine.prompt import build_prompt_ids
     params = _params(args)
     loaded, engine = _engine(args)
+    try:
+        return _chat_loop(args, loaded, engine, params)
+    finally:
+        engine.close()
+
+
+def _chat_loop(args, loaded, engine, params) -> int:
+    from minillm.engine.prompt import build_prompt_ids
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("minillm chat — type a message; /reset clears the conversation, /quit exits.")
     while True:
@@ -234,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
                "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
                "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
-               "  minillm bench parallel --plot par.png      # TP 1/2/3 and PP 2, batch 1 and 16: ~2 min\n"
+               "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~2 min\n"
                + EPILOG_MODEL)
     b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
@@ -254,9 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode: prompt lengths to time prefill at")
     b.add_argument("--steps", type=int, default=None, help="decode: tokens to time (default 64); parallel: decode "
                                                              "steps per batch size (default 16)")
-    b.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp3", "pp2"],
-                   help="parallel: tpN / ppN layouts to compare (one that does not divide the model is skipped "
-                        "with the reason)")
+    b.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp3", "pp2", "pp2x1"],
+                   help="parallel: layouts to compare: tpN (tensor parallel), ppN (N stages, N micro-batches per "
+                        "step), ppNxM (M micro-batches); one that does not divide the model is skipped with the "
+                        "reason")
     b.add_argument("--num-requests", type=int, default=64, help="throughput/kv: requests in the workload")
     b.add_argument("--seed", type=int, default=0, help="workload seed")
     b.add_argument("--prompt-lens", dest="prompt_range", type=int, nargs=2, default=[32, 512], metavar=("MIN", "MAX"),

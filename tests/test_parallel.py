@@ -31,6 +31,21 @@ from minillm.testing import random_model, save_model_dir
 from tests.test_engine import run_engine
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running():
+    """After every test here: no worker process, no rank thread."""
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (multiprocessing.active_children() or _rank_threads()):
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == [], "a worker process outlived its test"
+    assert _rank_threads() == [], "a rank thread outlived its test"
+
+
+def _rank_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("minillm-rank") and t.is_alive()]
+
+
 def run_ranks(world: int, fn):
     """fn(rank, comm) on `world` thread ranks over real gloo; returns every rank's result."""
     comms = thread_communicators(world)

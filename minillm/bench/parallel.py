@@ -14,7 +14,15 @@ import statistics
 import time
 from dataclasses import dataclass
 
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "tp3": (3, 1), "tp4": (4, 1), "pp2": (1, 2), "pp3": (1, 3), "pp4": (1, 4)}
+def parse_layout(name: str) -> tuple[int, int, int | None]:
+    """'tp3' -> (3, 1, None); 'pp2' -> (1, 2, None): micro-batches one per stage; 'pp2x1' -> (1, 2, 1)."""
+    import re
+    m = re.fullmatch(r"(tp|pp)([1-9]\d*)(?:x([1-9]\d*))?", name)
+    if not m or (m.group(1) == "tp" and m.group(3)):
+        raise ValueError(f"unknown layout {name!r}: use tpN (tensor parallel over N ranks), ppN (N pipeline "
+                         "stages, one micro-batch per stage) or ppNxM (M micro-batches per step)")
+    n = int(m.group(2))
+    return (n, 1, None) if m.group(1) == "tp" else (1, n, int(m.group(3)) if m.group(3) else None)
 # H100 SXM: NVLink 4 at 450 GB/s each way; NCCL's small-message all-reduce latency inside a node is ~5-10 us.
 NVLINK_GBPS, NVLINK_LATENCY_S = 450.0, 8e-6
 
@@ -88,7 +96,7 @@ def measure(engine, batch: int, steps: int, prompt_len: int, vocab: int, seed: i
                     min(1.0, comm_s / total), 1000 * comm_s / max(1, len(times)))
 
 
-def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2"), batch_sizes=(1, 16),
+def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2", "pp2x1"), batch_sizes=(1, 16),
                        steps: int = 16, prompt_len: int = 32, progress=None) -> dict:
     from minillm.loading.loader import peek_config
     from minillm.parallel.launch import start_engine
@@ -98,9 +106,7 @@ def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2"),
            "batch_sizes": list(batch_sizes), "decode_steps": steps, "prompt_len": prompt_len,
            "nvlink_model": {"GB_per_s": NVLINK_GBPS, "latency_us": NVLINK_LATENCY_S * 1e6}}
     for name in layouts:
-        if name not in LAYOUTS:
-            raise ValueError(f"unknown layout {name!r}: use {', '.join(LAYOUTS)}")
-        tp, pp = LAYOUTS[name]
+        tp, pp, micro = parse_layout(name)
         problems = tp_problems(cfg, tp) if tp > 1 else ([] if pp <= cfg.num_layers else ["more stages than layers"])
         if problems:
             out["layouts"][name] = {"skipped": "; ".join(problems)}
@@ -110,7 +116,8 @@ def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2"),
         if progress:
             progress(f"{name}: starting {tp * pp} rank(s)")
         t0 = time.perf_counter()
-        loaded, engine = start_engine(model, config.replace(tensor_parallel_size=tp, pipeline_parallel_size=pp))
+        loaded, engine = start_engine(model, config.replace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                                            pipeline_micro_batches=micro))
         try:
             dtype_bytes = loaded.model.dtype.itemsize
             formula = formula_bytes_per_token(cfg, tp, pp, dtype_bytes)
@@ -121,9 +128,10 @@ def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2"),
                     progress(f"{name}: batch {bs}, {steps} decode steps")
                 m = measure(engine, bs, steps, prompt_len, cfg.vocab_size)
                 rows[bs] = {"step_ms": round(m.step_ms, 2), "ms_per_token": round(m.step_ms / m.tokens_per_step, 3),
+                            "tok_s": round(1000 * m.tokens_per_step / m.step_ms, 1),
                             "bytes_per_token": round(m.bytes_per_token), "messages_per_token": round(m.messages_per_token, 2),
                             "comm_share": round(m.comm_share, 3), "comm_ms_per_step": round(m.comm_ms_per_step, 2)}
-            out["layouts"][name] = {"tp": tp, "pp": pp, "ranks": tp * pp, "startup_s": round(time.perf_counter() - t0, 1),
+            out["layouts"][name] = {"tp": tp, "pp": pp, "ranks": tp * pp, "micro_batches": micro or pp, "startup_s": round(time.perf_counter() - t0, 1),
                                     "formula_bytes_per_token": formula["total"], "formula": formula["text"],
                                     "nvlink_comm_ms_per_token": round(nvlink_ms_per_token(formula, tp), 3),
                                     "by_batch": rows}
@@ -153,7 +161,8 @@ def format_parallel(r: dict) -> str:
     if base:
         for name, L in r["layouts"].items():
             if name != "tp1" and "by_batch" in L:
-                ratios = ", ".join(f"batch {b}: {L['by_batch'][b]['step_ms'] / base[b]['step_ms']:.2f}x" for b in bs)
+                ratios = ", ".join(f"batch {b}: {L['by_batch'][b]['step_ms'] / base[b]['step_ms']:.2f}x "
+                                   f"({L['by_batch'][b]['tok_s']:.0f} tok/s)" for b in bs)
                 lines.append(f"{name} step time vs tp1: {ratios}")
     lines.append("Here the ranks share 2 cores and one memory bus, and each all-reduce is a gloo round trip over "
                  "TCP loopback, so splitting adds communication without adding compute or bandwidth: TP and PP are "
