@@ -2,7 +2,7 @@
 
 Driven by the list of lab folders (solutions/labNN), so a new lab is covered the moment its folder exists:
 - the .ipynb sources are up to date with their jupytext .py, and follow the cell conventions;
-- labs/ is what `nbgrader generate_assignment` makes of solutions/ today;
+- labs/ is what `nbgrader generate_assignment` makes of solutions/ today (checked on the autograde run's release);
 - real `nbgrader autograde` into a throwaway gradebook: the solution gets full marks, the untouched release 0;
 - the solution's autograde (a full top-to-bottom run) finishes without errors in under 3 minutes;
 - `minillm grade` gives full marks (exit 0) to a solution folder and 0 (exit 1) to a release folder.
@@ -97,13 +97,8 @@ def test_graded_cells_are_one_line_calls_of_existing_checkers(lab):
         f"tests/test_grading_{lab}.py must prove the reference passes and wrong implementations fail"
 
 
-@pytest.mark.slow          # nbgrader generate_assignment per lab (~17 s each); the cheap source checks stay fast
-@pytest.mark.parametrize("lab", LABS)
-def test_labs_folder_is_in_sync_with_solutions(lab, tmp_path):
-    """Regenerate the release from solutions/ in a throwaway course; it must equal the committed labs/."""
-    course = course_copy(tmp_path / "course", lab)
-    bn.build_lab(lab, course)
-    bn.release([lab], course, state_dir=tmp_path / "state")
+def check_release_in_sync(lab: str, course: Path) -> None:
+    """The release nbgrader just made from solutions/ in a throwaway course must equal the committed labs/."""
     fresh, committed = course / "labs" / lab, ROOT / "labs" / lab
     assert committed.is_dir(), f"labs/{lab} is missing: run `make labs`"
     assert files_in(fresh) == files_in(committed), "labs/ has different files: run `make labs`"
@@ -128,6 +123,9 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
     course = course_copy(tmp_path / "course", lab)
     state = tmp_path / "state"
     bn.release([lab], course, state_dir=state)           # records the assignment and its cells in the gradebook
+    # that release is generated from solutions/ now: labs/ must be in sync with it (the .ipynb is in sync with its
+    # .py: test_source_notebook_is_up_to_date_with_its_py)
+    check_release_in_sync(lab, course)
     for student, src in (("solution", ROOT / "solutions" / lab), ("blank", ROOT / "labs" / lab)):
         dest = course / "submitted" / student / lab
         dest.mkdir(parents=True)
