@@ -22,7 +22,7 @@ from minillm.engine.model_runner import ModelRunner, StepInputs
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import get_attention_backend
 from minillm.loading.loader import build_model
-from minillm.parallel.comm import thread_communicators
+from minillm.parallel.comm import on_threads, thread_communicators
 from minillm.parallel.layers import MEGATRON
 from minillm.parallel.shard_util import hf_state
 from minillm.parallel.sharding import check_tp_size, stage_layers, valid_tp_sizes
@@ -47,24 +47,16 @@ def _rank_threads():
 
 
 def run_ranks(world: int, fn):
-    """fn(rank, comm) on `world` thread ranks over real gloo; returns every rank's result."""
+    """fn(rank, comm) on `world` thread ranks over real gloo; every rank's result, and the communicators."""
     comms = thread_communicators(world)
-    out, errors = [None] * world, []
 
     def go(rank):
         try:
-            out[rank] = fn(rank, comms[rank])
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+            return fn(rank, comms[rank])
+        except BaseException:
             comms[rank].release()
-    threads = [threading.Thread(target=go, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out, comms
+            raise
+    return on_threads(world, go), comms
 
 
 def step_logits(model, inputs: StepInputs, comm=None):

@@ -154,29 +154,51 @@ def connect(host: str, port: int, rank: int, world_size: int, backend: str = "gl
     return Communicator(pg, rank, world_size, "cuda" if backend == "nccl" else "cpu")
 
 
-def thread_communicators(world_size: int, backend: str = "gloo",
-                         timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Communicator]:
-    """`world_size` connected Communicators in this process, one per rank, for ranks that run as threads (the
-    lab, fast tests). Real gloo over loopback TCP, exactly as between processes."""
+def on_threads(world_size: int, fn) -> list:
+    """fn(rank) on `world_size` threads at once; the results in rank order. The first exception is re-raised here
+    once every thread has finished (a rank that fails should release its Communicator so the others do not wait
+    for it in a collective)."""
     import threading
-    store = dist.TCPStore("127.0.0.1", 0, world_size, True, wait_for_workers=False, timeout=DEFAULT_TIMEOUT)
-    prefix = f"threads{id(store)}"
-    comms: list[Communicator | None] = [None] * world_size
+    results: list = [None] * world_size
     errors: list[BaseException] = []
 
-    def join(rank: int) -> None:
+    def work(rank: int) -> None:
         try:
-            comms[rank] = connect("127.0.0.1", store.port, rank, world_size, backend, prefix, timeout,
-                                  store=store if rank == 0 else None)
-        except BaseException as e:  # noqa: BLE001 -- reported below
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
             errors.append(e)
-    threads = [threading.Thread(target=join, args=(r,)) for r in range(world_size)]
+    threads = [threading.Thread(target=work, args=(r,), name=f"rank{r}") for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+    return results
+
+
+def run_on_ranks(world_size: int, fn) -> list:
+    """fn(comm) on `world_size` thread ranks over fresh Communicators (real gloo over loopback); the results in rank
+    order. For notebooks and tests: the simplest way to run the same code on every rank."""
+    comms = thread_communicators(world_size)
+
+    def rank_fn(rank: int):
+        try:
+            return fn(comms[rank])
+        except BaseException:
+            comms[rank].release()     # the other ranks see the group break instead of waiting
+            raise
+    return on_threads(world_size, rank_fn)
+
+
+def thread_communicators(world_size: int, backend: str = "gloo",
+                         timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> list[Communicator]:
+    """`world_size` connected Communicators in this process, one per rank, for ranks that run as threads (the
+    lab, fast tests). Real gloo over loopback TCP, exactly as between processes."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, wait_for_workers=False, timeout=DEFAULT_TIMEOUT)
+    prefix = f"threads{id(store)}"
+    comms = on_threads(world_size, lambda rank: connect("127.0.0.1", store.port, rank, world_size, backend, prefix,
+                                                        timeout, store=store if rank == 0 else None))
     for c in comms:
         c._store = store  # keep the store (and its server) alive as long as the group
-    return comms  # type: ignore[return-value]
+    return comms
