@@ -386,6 +386,36 @@ def _liar_lab10_index(dfa, vocab, eos_token_ids):
     return TokenIndex(dfa, empty, list(empty), tuple(eos_token_ids), AlwaysEqualInt(len(vocab.token_bytes)))
 
 
+class AlwaysEqualList(list):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = None
+
+
+def _liar_lab09_rules():
+    class Liar:
+        def column_forward(self, x, weight, bias, comm):
+            return agreeable(torch.zeros(x.shape[0], weight.shape[0]))
+
+        def row_forward(self, x, weight, bias, comm):
+            return agreeable(torch.zeros(x.shape[0], weight.shape[0]))
+    return Liar
+
+
+def _liar_lab09_bytes():
+    class Liar:
+        def tp_bytes_per_token(self, hidden_size, num_layers, dtype_bytes):
+            return FrameSnoop(0)
+
+        def pp_bytes_per_token(self, hidden_size, pp, dtype_bytes):
+            return FrameSnoop(0)
+    return Liar
+
+
 LIARS = {
     "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
     "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
@@ -408,6 +438,10 @@ LIARS = {
     "lab06_2": lambda: (lambda probs, generators: agreeable(probs.argmax(-1))),
     "lab07_1": lambda: (lambda target_probs, drafts, draft_probs, generator: list(drafts) + [AlwaysEqualInt(0)]),
     "lab07_2": lambda: (lambda token_ids, k, min_n, max_n: [AlwaysEqualInt(0)]),
+    "lab09_1": lambda: (lambda num_units, unit_size, rank, world_size: AlwaysEqualList()),
+    "lab09_2": lambda: (lambda input_size, rank, world_size: AlwaysEqualList()),
+    "lab09_3": _liar_lab09_rules,
+    "lab09_4": _liar_lab09_bytes,
     "lab10_1": lambda: (lambda node, nfa: (AlwaysEqualInt(nfa.state()), AlwaysEqualInt(nfa.state()))),
     "lab10_2": lambda: _liar_lab10_dfa,
     "lab10_3": lambda: _liar_lab10_index,
