@@ -40,7 +40,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports minillm.kernels
 
-import threading
 import time
 
 import matplotlib.pyplot as plt
@@ -52,7 +51,7 @@ from minillm.engine.model_runner import ModelRunner, StepInputs
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import get_attention_backend
 from minillm.loading.loader import build_model
-from minillm.parallel.comm import thread_communicators
+from minillm.parallel.comm import run_on_ranks
 from minillm.parallel.shard_util import hf_state
 from minillm.testing import random_model
 
@@ -99,23 +98,8 @@ print(f"tiny model: hidden {cfg.hidden_size}, {cfg.num_heads} query heads, {cfg.
 # %%
 def on_ranks(world, fn):
     """Run fn(comm) on `world` ranks at once — one thread per rank, each with its own Communicator (real gloo over
-    loopback TCP) — and return the results in rank order."""
-    comms = thread_communicators(world)
-    results, errors = [None] * world, []
-
-    def work(rank):
-        try:
-            results[rank] = fn(comms[rank])
-        except BaseException as e:      # re-raised below, in the notebook's own thread
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(rank,)) for rank in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    loopback TCP) — and return the results in rank order (minillm.parallel.comm.run_on_ranks)."""
+    return run_on_ranks(world, fn)
 
 
 def held_heads(world, rules=None):
