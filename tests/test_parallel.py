@@ -376,3 +376,18 @@ def test_gguf_partial_reads_equal_slices_of_the_whole_tensor():
         src = GGUFSource(gf, name)
         whole = gf.load(name)
         assert torch.equal(src.read(rows=rows, cols=cols), whole[rows or slice(None), cols or slice(None)]), name
+
+
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)], ids=["tp2", "pp2"])
+def test_speculative_decoding_verifies_on_a_parallel_engine(tiny_dir, layout):
+    """n-gram guesses verified by a sharded target: k + 1 rows per sequence gathered from the ranks; greedy tokens
+    equal the plain one-process engine's."""
+    model, path = tiny_dir
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], list(range(20, 40)) * 2]
+    p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(str(path)).generate(prompts, p, use_tqdm=False)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    with LLM(str(path), distributed_executor_backend="thread", speculative_config=spec, **layout) as llm:
+        outs = llm.generate(prompts, p, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert sum(o.metrics.spec.num_draft_tokens for o in outs) > 0, "the prompts were meant to draft guesses"
