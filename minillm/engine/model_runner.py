@@ -109,7 +109,8 @@ class ModelRunner:
             self.driver.send_step(inputs)       # the other ranks start the same step
         try:
             logits = self.forward(inputs)
-        except RuntimeError as e:
+        except BaseException as e:
+            # the other ranks are somewhere inside this step and can never line up with the next one: stop them all
             if self.driver is not None:
                 raise self.driver.failure(e) from e
             raise
