@@ -487,3 +487,15 @@ def test_corrupted_bytes_give_model_load_error_or_a_valid_file(short_rich_gguf, 
                 gf.load(name)
             except ModelLoadError:
                 pass
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_K, T.Q8_1])
+def test_a_valid_but_unsupported_tensor_type_is_named_not_called_corrupt(tmp_path, qtype):
+    block, size = GGML_QUANT_SIZES[qtype]
+    path = tmp_path / "odd.gguf"
+    path.write_bytes(_gguf([], [_tinfo("blk.0.attn_q.weight", (block,), int(qtype), 0)], b"\0" * size))
+    with pytest.raises(ModelLoadError) as e:
+        GGUFFile.open(path)
+    msg = str(e.value)
+    assert f"GGML type {qtype.name}, which minillm cannot load" in msg and "Supported types:" in msg, msg
+    assert "Q4_K" in msg and "corrupt" not in msg and "Re-download" not in msg

@@ -39,3 +39,43 @@ def test_bf16_close_to_transformers_bf16(tmp_path):
     # bf16 keeps ~3 significant digits; the same ops in the same order keep the argmax and most of the value.
     assert (got - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
+
+
+def test_a_sliding_window_model_runs_exactly_within_its_window_and_refuses_beyond(tmp_path):
+    """Mistral's sliding window is not implemented: the context is capped at the window, inside which the logits
+    equal transformers' (which does slide); a longer prompt is refused instead of run with full attention."""
+    import warnings
+    from transformers import MistralConfig, MistralForCausalLM
+    from minillm.engine.llm_engine import LLMEngine
+    cfg = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                        sliding_window=12, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    hf = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.2) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = load_minillm_from_dir(save_hf_dir(hf, tmp_path / "m"))
+    assert any("sliding window of 12 tokens" in str(w.message) for w in caught)
+    assert ours.cfg.max_position_embeddings == 12
+    ids = torch.randint(3, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits[0].float()
+    assert (minillm_logits(ours, ids[0].tolist()) - ref).abs().max().item() <= 1e-4
+    with pytest.raises(ValueError, match="context window holds 12"):
+        LLMEngine.from_model(ours).add_request(list(range(3, 20)))
+
+
+@pytest.mark.parametrize("change, words", [({"hidden_act": "gelu"}, "activation is 'gelu'"),
+                                           ({"attn_logit_softcapping": 50.0}, "soft-capping"),
+                                           ({"attention_bias": True}, "biases")])
+def test_config_keys_that_change_the_math_are_refused(change, words):
+    from minillm.loading.errors import ModelLoadError
+    from minillm.loading.loader import config_from_hf
+    base = {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 192,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    config_from_hf(base)
+    with pytest.raises(ModelLoadError, match=words):
+        config_from_hf({**base, **change})

@@ -95,6 +95,15 @@ _BLOCKS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 SUPPORTED_NATIVE: frozenset[GGMLQuantizationType] = frozenset(_PLAIN) | frozenset(_BLOCKS)
+# what gguf-py's reference numpy code decodes (K-quants, IQ-quants, ...), on top of ours
+SUPPORTED: frozenset[GGMLQuantizationType] = SUPPORTED_NATIVE | frozenset(getattr(gguf_quants, "_type_traits", {}))
+
+
+def unsupported_type_message(qtype: GGMLQuantizationType, name: str) -> str:
+    names = ", ".join(sorted(t.name for t in SUPPORTED))
+    return (f"tensor {name!r} has GGML type {qtype.name}, which minillm cannot load (a valid type, but one it has "
+            f"no decoder for). Supported types: {names}. Convert the model to one of them (e.g. llama.cpp's "
+            f"llama-quantize to Q8_0 or Q4_K_M)")
 
 
 def expected_nbytes(ggml_type: GGMLQuantizationType | int, shape: tuple[int, ...]) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from minillm.loading.dequant import dequantize, expected_nbytes
+from minillm.loading.dequant import SUPPORTED, dequantize, expected_nbytes, unsupported_type_message
 from minillm.loading.errors import MODEL_ARG_HELP, ModelLoadError
 from minillm.loading.gguf_parse import GGUF_MAGIC, GGUFFormatError, GGUFHeader, TensorInfo, parse_header
 
@@ -43,7 +43,13 @@ class GGUFFile:
         except Exception as e:  # any other failure also means a bad file (or an unreadable one)
             raise _corrupt(path, f"{type(e).__name__}: {e}") from e
         gf._check_tensor_sizes()
+        gf._check_tensor_types()
         return gf
+
+    def _check_tensor_types(self) -> None:
+        for t in self._header.tensors:
+            if t.tensor_type not in SUPPORTED:
+                raise ModelLoadError(f"{self.path}: {unsupported_type_message(t.tensor_type, t.name)}")
 
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors

@@ -122,17 +122,52 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
                              f"({', '.join(SUPPORTED_ARCHS)})")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ModelLoadError("unsupported architecture: attention/MLP biases are not part of the Llama family minillm runs")
+    _refuse_unimplemented(hf)
     heads = hf["num_attention_heads"]
     rope = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+    max_pos = _cap_at_sliding_window(hf.get("max_position_embeddings", 2048),
+                                     hf.get("sliding_window") if hf.get("use_sliding_window", True) else None)
     return ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
         num_layers=hf["num_hidden_layers"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        rope_theta=theta, rope_scaling=scaling, max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        rope_theta=theta, rope_scaling=scaling, max_position_embeddings=max_pos,
         tie_word_embeddings=hf.get("tie_word_embeddings", False), bos_token_id=hf.get("bos_token_id"),
         eos_token_id=hf.get("eos_token_id"), name=hf.get("_name_or_path") or model_type)
+
+
+# Config keys that change a Llama's math and that minillm does not implement: refused, never ignored.
+_UNIMPLEMENTED = {
+    "attn_logit_softcapping": "attention logit soft-capping", "final_logit_softcapping": "final logit soft-capping",
+    "query_pre_attn_scalar": "a custom attention scale", "qk_norm": "query/key normalization",
+    "use_qk_norm": "query/key normalization", "logits_scaling": "logit scaling", "embedding_multiplier": "embedding "
+    "scaling", "residual_multiplier": "residual scaling", "attention_multiplier": "a custom attention scale",
+}
+
+
+def _refuse_unimplemented(hf: dict[str, Any]) -> None:
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ModelLoadError(f"unsupported architecture: the MLP activation is {act!r}, minillm implements SiLU "
+                             "(the Llama family's)")
+    found = [f"{key} ({what})" for key, what in _UNIMPLEMENTED.items() if hf.get(key) not in (None, False, 1, 1.0)]
+    if found:
+        raise ModelLoadError(f"unsupported architecture: config.json sets {', '.join(found)}, which minillm does not "
+                             "implement; it refuses to run the model rather than compute different logits")
+
+
+def _cap_at_sliding_window(max_pos: int, window: int | None) -> int:
+    """Sliding-window attention (Mistral) is not implemented; within the window it *is* full attention, so the
+    model runs exactly, with its context capped at the window (longer sequences are refused, never run wrongly)."""
+    if window is None or window >= max_pos:
+        return max_pos
+    import warnings
+    warnings.warn(f"this model attends over a sliding window of {window} tokens, which minillm does not implement: "
+                  f"its context is capped at {window} tokens (within the window the results are exact)",
+                  stacklevel=3)
+    return int(window)
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -205,7 +240,8 @@ def config_from_gguf(md: dict[str, Any]) -> ModelConfig:
         num_layers=get("block_count"), num_heads=heads, num_kv_heads=kv_heads,
         head_dim=get("attention.key_length") or hidden // heads,
         rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=get("rope.freq_base", 10000.0),
-        rope_scaling=scaling, max_position_embeddings=get("context_length", 2048),
+        rope_scaling=scaling, max_position_embeddings=_cap_at_sliding_window(get("context_length", 2048),
+                                                                             get("attention.sliding_window")),
         bos_token_id=md.get("tokenizer.ggml.bos_token_id"), eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
         name=md.get("general.name", arch))
 
