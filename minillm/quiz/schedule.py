@@ -42,6 +42,15 @@ class Card:
         return datetime.fromisoformat(self.due) if self.due else None
 
 
+def _days_after(now: datetime, days: int) -> datetime:
+    """now + days, or the last date a datetime holds when that is past year 9999 (a schedule file from a clock
+    far in the future must not crash the quiz)."""
+    try:
+        return now + timedelta(days=days)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=now.tzinfo)
+
+
 def sm2(card: Card, rating: str, now: datetime) -> Card:
     """The card after one review: SM-2's update, with `rating` one of again/hard/good/easy."""
     if rating not in RATINGS:
@@ -56,7 +65,7 @@ def sm2(card: Card, rating: str, now: datetime) -> Card:
         interval = 1 if repetitions == 1 else 6 if repetitions == 2 else max(1, round(card.interval * ease))
         interval = min(interval, MAX_INTERVAL_DAYS)
     return Card(ease=round(ease, 4), repetitions=repetitions, interval=interval,
-                due=(now + timedelta(days=interval)).isoformat(), reviews=card.reviews + 1,
+                due=_days_after(now, interval).isoformat(), reviews=card.reviews + 1,
                 lapses=card.lapses + (q < 3), last_rating=rating)
 
 
