@@ -10,9 +10,13 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: help setup demo test test-fast bench clean
 
-setup: $(STAMP)
+# `make` alone lists the targets: each target's `## text` comment is its line in the list.
+help:  ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 20
+
+setup: $(STAMP)  ## create .venv and install everything (torch==2.13.0 first, the default model, the C kernel)
 
 # torch==2.13.0 (the local CPU wheel) goes in first so nothing later pulls a CUDA build.
 $(STAMP): pyproject.toml
@@ -27,23 +31,23 @@ $(STAMP): pyproject.toml
 		|| echo "no C attention kernel (needs gcc/cc): the numba kernel will run instead"
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP)  ## a short tour: chat answers from the default model, then speed numbers (~2 min)
 	$(VENV)/bin/minillm demo
 
 # Two pytest workers with one torch thread each use both cores better than one worker with two threads
 # (tests check behaviour, not speed; notebooks executed by the tests inherit the setting). worksteal: an idle
 # worker takes queued tests from a busy one, so the long notebook runs overlap instead of queueing on one worker.
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-test: $(STAMP)
+test: $(STAMP)  ## the whole test suite, notebooks and nbgrader round trips included (~13 min)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
-test-fast: $(STAMP)
+test-fast: $(STAMP)  ## the quick subset: skips tests marked slow (~2.5 min)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
-bench: $(STAMP)
+bench: $(STAMP)  ## decode speed vs the memory-bandwidth bound (minillm bench decode; ~1 min)
 	$(VENV)/bin/minillm bench decode
 
 -include mk/course.mk
 
-clean:
+clean:  ## remove .venv and build/test caches
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -10,8 +10,8 @@ LAB_ARGS ?= --no-browser
 
 .PHONY: labs lab
 
-labs: $(STAMP)
+labs: $(STAMP)  ## rebuild solutions/*.ipynb and the released labs/ from solutions/labNN/labNN.py
 	$(PY) tools/build_notebooks.py --release
 
-lab: $(STAMP)
+lab: $(STAMP)  ## JupyterLab on labs/ for the learner (start with labs/README.md)
 	$(VENV)/bin/jupyter lab --allow-root --ServerApp.root_dir=labs $(LAB_ARGS)
