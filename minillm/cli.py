@@ -94,20 +94,43 @@ def _engine(args):
     return start_engine(args.model, config)
 
 
-def _stream(engine, ids, params) -> str:
-    """Run one request through the engine, printing text as it is produced; returns the whole text."""
-    engine.add_request(ids, params)
-    parts = []
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            print(out.delta_text, end="", flush=True)
-            parts.append(out.delta_text)
-            if out.finished and engine.spec is not None:
-                _print_spec(out.metrics.spec, len(out.token_ids))
-            if out.finished and params.structured_outputs is not None and out.outputs[0].finish_reason == "length":
-                print(f"\n[the output reached --max-tokens {params.max_tokens} before the "
-                      f"{params.structured_outputs.describe()} pattern completed: raise --max-tokens]", file=sys.stderr)
-    return "".join(parts)
+def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str | None]:
+    """Run one request through the engine, printing text as it is produced; returns the whole text and why it
+    finished ("stop", "length", or "interrupted"). With `interruptible`, Ctrl-C stops this answer between two steps
+    (the request is aborted cleanly, its KV freed) and a second Ctrl-C raises KeyboardInterrupt."""
+    import signal
+    rid = engine.add_request(ids, params)
+    parts, reason, stop = [], None, []
+
+    def on_sigint(signum, frame):
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(True)
+    previous = signal.signal(signal.SIGINT, on_sigint) if interruptible else None
+    try:
+        while engine.has_unfinished_requests():
+            if stop:
+                engine.abort(rid)
+                return "".join(parts), "interrupted"
+            for out in engine.step():
+                print(out.delta_text, end="", flush=True)
+                parts.append(out.delta_text)
+                if out.finished:
+                    reason = out.outputs[0].finish_reason
+                if out.finished and engine.spec is not None:
+                    _print_spec(out.metrics.spec, len(out.token_ids))
+                if out.finished and params.structured_outputs is not None and reason == "length":
+                    print(f"\n[the output reached --max-tokens {params.max_tokens} before the "
+                          f"{params.structured_outputs.describe()} pattern completed: raise --max-tokens]",
+                          file=sys.stderr)
+    finally:
+        if interruptible:
+            signal.signal(signal.SIGINT, previous)
+    return "".join(parts), reason
+
+
+CHAT_COMMANDS = {"/reset": "clear the conversation", "/quit": "exit (also /exit, Ctrl-D)", "/exit": "exit",
+                 "/help": "list these commands"}
 
 
 def _print_spec(stats, num_tokens: int) -> None:
@@ -126,10 +149,13 @@ def cmd_generate(args) -> int:
     params = _params(args)
     loaded, engine = _engine(args)
     try:
-        _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat, system=args.system), params)
+        _, reason = _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat,
+                                                      system=args.system), params)
     finally:
         engine.close()
     print()
+    if reason == "length" and params.structured_outputs is None:
+        print(f"[stopped at --max-tokens {params.max_tokens}: raise it for a longer answer]", file=sys.stderr)
     return 0
 
 
@@ -146,7 +172,8 @@ def cmd_chat(args) -> int:
 def _chat_loop(args, loaded, engine, params) -> int:
     from minillm.engine.prompt import build_prompt_ids
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print("minillm chat — type a message; /reset clears the conversation, /quit exits.")
+    print("minillm chat — type a message; /reset clears the conversation, /quit (or Ctrl-D) exits, /help lists "
+          "commands. Ctrl-C stops an answer.")
     while True:
         try:
             line = input("you> ").strip()
@@ -162,14 +189,26 @@ def _chat_loop(args, loaded, engine, params) -> int:
             messages = messages[:1] if args.system else []
             print("(conversation cleared)")
             continue
+        if line == "/help":
+            print("\n".join(f"  {c:7s} {what}" for c, what in CHAT_COMMANDS.items()))
+            continue
+        if line.startswith("/") and line.split()[0] not in CHAT_COMMANDS:
+            print(f"unknown command {line.split()[0]!r}: the commands are {', '.join(CHAT_COMMANDS)} (a message "
+                  "that starts with '/' needs a space before it)")
+            continue
         if not line:
             continue
         messages.append({"role": "user", "content": line})
         try:
             ids = build_prompt_ids(loaded.tokenizer, messages)
             print("assistant> ", end="", flush=True)
-            reply = _stream(engine, ids, params)
+            reply, reason = _stream(engine, ids, params, interruptible=True)
             print()
+            if reason == "interrupted":
+                print("[answer stopped; Ctrl-C again at the prompt, /quit or Ctrl-D exits]")
+            elif reason == "length":
+                print(f"[the answer reached --max-tokens {params.max_tokens} and was cut: raise it for longer "
+                      "answers]")
             messages.append({"role": "assistant", "content": reply})
         except ValueError as e:  # e.g. the conversation outgrew the context window
             messages.pop()

@@ -167,3 +167,26 @@ def test_grade_refuses_a_file_that_is_not_a_notebook(tmp_path, capsys):
         assert main(["grade", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and "is not a Jupyter notebook" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_chat_ctrl_c_stops_the_answer_and_unknown_commands_are_reported():
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "minillm", "chat", "--temperature", "0.8", "--seed", "1",
+                          "--max-tokens", "300"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=ENV, bufsize=0)
+    p.stdin.write("/nonsense\nTell me a very long story.\n")
+    p.stdin.flush()
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "assistant> " not in seen or len(seen.split("assistant> ")[-1]) < 20:   # the answer is streaming
+        seen += p.stdout.read(1)
+        assert time.monotonic() < deadline, seen
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate("And now a short one.\n/quit\n", timeout=180)
+    out = seen + out
+    assert p.returncode == 0, err
+    assert "unknown command '/nonsense'" in out and "/reset" in out
+    assert "[answer stopped" in out and out.count("assistant> ") == 2, out[-2000:]
+    assert "Traceback" not in err
