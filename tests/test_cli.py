@@ -78,6 +78,9 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--distributed-executor-backend", "ray"], "distributed_executor_backend"),
     (["bench", "decode", "--tensor-parallel-size", "3"], "bench parallel"),
     (["bench", "parallel", "--tensor-parallel-size", "3"], "--layouts"),
+    (["bench", "decode", "--layouts", "tp1"], "--layouts does not apply to bench decode (it is for bench parallel)"),
+    (["bench", "prefix", "--num-requests", "3"], "--num-requests does not apply to bench prefix"),
+    (["bench", "kv", "--plot", "x.png"], "--plot does not apply to bench kv"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2

@@ -6,11 +6,16 @@ import json
 import torch
 
 from minillm.bench.workload import WorkloadSpec, make_workload
-from minillm.cli_args import engine_config
+from minillm.cli_args import engine_config, status
+
+
+def _load(args, config):
+    from minillm.loading.loader import load_model
+    with status(f"loading {args.model} model"):
+        return load_model(args.model, config.dtype)
 
 
 def run(args) -> int:
-    from minillm.loading.loader import load_model
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.what == "spec":
@@ -18,7 +23,7 @@ def run(args) -> int:
     if args.what == "structured":
         return structured_bench(args)
     config = engine_config(args)
-    loaded = load_model(args.model, config.dtype)
+    loaded = _load(args, config)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
                         max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
     if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):
@@ -39,8 +44,9 @@ def run(args) -> int:
         print(json.dumps(result) if args.json else format_kv(result))
     else:
         from minillm.bench.prefix import prefix_bench
-        result = prefix_bench(loaded.model, loaded.tokenizer, config)
-        print(json.dumps(result) if args.json else "\n".join(f"{k:34s} {v}" for k, v in result.items()))
+        from minillm.bench.prefix import format_prefix
+        result = prefix_bench(loaded.model, loaded.tokenizer, config, progress=not args.json)
+        print(json.dumps(result) if args.json else format_prefix(result))
     return 0
 
 
@@ -92,7 +98,6 @@ def format_kv(r: dict) -> str:
 
 def spec_bench(args) -> int:
     from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
-    from minillm.loading.loader import load_model
     if getattr(args, "spec_method", None) or getattr(args, "spec_num_speculative_tokens", None):
         raise ValueError("bench spec runs every proposer itself: choose them with --proposers and k with --k "
                          "(not --speculative / --num-speculative-tokens)")
@@ -103,7 +108,7 @@ def spec_bench(args) -> int:
                          draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
     args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
     config = engine_config(args)
-    loaded = load_model(args.model, config.dtype)
+    loaded = _load(args, config)
     result = run_spec_bench(loaded, config, bc, progress=not args.json)
     if args.plot:
         spec_plot(result, args.plot)
@@ -115,9 +120,8 @@ def spec_bench(args) -> int:
 def structured_bench(args) -> int:
     import sys
     from minillm.bench.structured import format_structured, structured_bench as run_bench
-    from minillm.loading.loader import load_model
     config = engine_config(args)
-    loaded = load_model(args.model, config.dtype)
+    loaded = _load(args, config)
     progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
     r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat, progress)
     if args.json:
