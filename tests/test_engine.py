@@ -239,3 +239,34 @@ def test_triton_backend_matches_torch_backend_in_engine():
     torch_out = run_engine(LLMEngine.from_model(MODEL, num_blocks=16, block_size=4, attention_backend="torch"), reqs)
     triton_out = run_engine(LLMEngine.from_model(MODEL, num_blocks=16, block_size=4, attention_backend="triton"), reqs)
     assert torch_out == triton_out
+
+
+def test_bad_requests_arriving_mid_batch_leave_the_running_ones_untouched():
+    """Poisoned requests offered between the steps of a running batch are each refused with an error, and the
+    batch's outputs are exactly those of a clean run; no block is held by a refused request."""
+    from minillm import StructuredOutputsParams
+    good = [(list(range(3 + i, 20 + i)), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+            for i in range(4)]
+    clean = run_engine(LLMEngine.from_model(MODEL, num_blocks=40, block_size=4), good)
+    engine = LLMEngine.from_model(MODEL, num_blocks=40, block_size=4)
+    for i, (p, params) in enumerate(good):
+        engine.add_request(p, params, request_id=str(i))
+    poison = [([3, 4], dict(temperature=float("nan"))), ([3, 4], dict(top_p=float("inf"))),
+              ([3, 10 ** 6], {}), ([], {}), (list(range(3, 100)) * 3, {}), ([3, 4], dict(stop_token_ids=[-1])),
+              ([3, 4], dict(seed="x")), ([3, 4], dict(max_tokens=0)),
+              ("text without a tokenizer", {}),
+              ([3, 4], dict(structured_outputs=StructuredOutputsParams(regex="(unclosed")))]
+    refused, done = 0, {}
+    while engine.has_unfinished_requests():
+        if poison:
+            prompt, kw = poison.pop()
+            free_before = engine.block_manager.num_free_blocks
+            with pytest.raises((ValueError, TypeError)):
+                engine.add_request(prompt, SamplingParams(**kw) if "seed" not in kw else SamplingParams(seed=kw["seed"]))
+            refused += 1
+            assert engine.block_manager.num_free_blocks == free_before
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    assert refused == 10 and done == clean
+    assert engine.block_manager.num_free_blocks == 40 and not engine.requests
