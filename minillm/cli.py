@@ -228,7 +228,7 @@ BENCH_FLAGS = {
     "decode": {"prompt_lens", "steps"},
     "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes"},
     "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
-    "prefix": set(),
+    "prefix": {"repeat"},
     "spec": {"tasks", "proposers", "k", "batch_sizes", "batch1_requests", "max_tokens", "seed", "repeat", "plot"},
     "structured": {"batch_sizes", "max_tokens", "repeat"},
     "parallel": {"layouts", "batch_sizes", "steps", "plot"},
@@ -359,9 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="spec: requests running together")
     b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
     b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
-    b.add_argument("--repeat", type=int, default=1,
-                   help="spec: rounds over every configuration, interleaved; each keeps its fastest (use 3 on a "
-                        "shared or noisy machine)")
+    b.add_argument("--repeat", type=int, default=None,
+                   help="spec/structured: rounds over every configuration, interleaved; each keeps its fastest (use "
+                        "3 on a shared or noisy machine; default 1); prefix: runs per configuration (default 2)")
     b.set_defaults(func=cmd_bench)
     ap.bench_parser = b
 
@@ -389,6 +389,9 @@ def _check_common(args) -> None:
             raise ValueError(f"--prefill-lens must be positive token counts, got {args.prompt_lens}")
         if args.num_requests < 1:
             raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
+        for flag, value in (("--repeat", args.repeat), ("--steps", args.steps)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
 
 
 def main(argv: list[str] | None = None) -> int:

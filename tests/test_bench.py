@@ -82,7 +82,7 @@ def test_bench_throughput_cli_small(tmp_path):
 def test_bench_decode_and_prefix_cli():
     d = bench("decode", "--prefill-lens", "32", "--steps", "8")
     assert d["bound_ms_per_token"] > 0 and d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
-    p = bench("prefix")
+    p = bench("prefix", "--repeat", "1")
     assert p["system_prompt_hit_rate"] > 0 and p["multi_turn_hit_rate"] > 0
 
 

@@ -81,6 +81,8 @@ def test_every_command_has_help(command, capsys):
     (["bench", "decode", "--layouts", "tp1"], "--layouts does not apply to bench decode (it is for bench parallel)"),
     (["bench", "prefix", "--num-requests", "3"], "--num-requests does not apply to bench prefix"),
     (["bench", "kv", "--plot", "x.png"], "--plot does not apply to bench kv"),
+    (["bench", "prefix", "--repeat", "0"], "--repeat must be at least 1"),
+    (["bench", "parallel", "--steps", "0"], "--steps must be at least 1"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2

@@ -45,7 +45,8 @@ def run(args) -> int:
     else:
         from minillm.bench.prefix import prefix_bench
         from minillm.bench.prefix import format_prefix
-        result = prefix_bench(loaded.model, loaded.tokenizer, config, progress=not args.json)
+        result = prefix_bench(loaded.model, loaded.tokenizer, config, repeats=args.repeat or 2,
+                              progress=not args.json)
         print(json.dumps(result) if args.json else format_prefix(result))
     return 0
 
@@ -103,7 +104,7 @@ def spec_bench(args) -> int:
                          "(not --speculative / --num-speculative-tokens)")
     bc = SpecBenchConfig(tasks=tuple(args.tasks), proposers=tuple(args.proposers), ks=tuple(args.k),
                          batch_sizes=tuple(args.batch_sizes), batch1_requests=args.batch1_requests,
-                         max_tokens=args.max_tokens, seed=args.seed, repeat=args.repeat,
+                         max_tokens=args.max_tokens, seed=args.seed, repeat=args.repeat or 1,
                          draft_model=args.spec_model or SpecBenchConfig.draft_model,
                          draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
     args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
@@ -123,7 +124,7 @@ def structured_bench(args) -> int:
     config = engine_config(args)
     loaded = _load(args, config)
     progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
-    r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat, progress)
+    r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat or 1, progress)
     if args.json:
         for e in r["end_to_end"].values():
             e.pop("example", None)
