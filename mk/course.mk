@@ -3,15 +3,31 @@
 #   make labs   solutions/labNN/labNN.py -> solutions/labNN/labNN.ipynb -> labs/labNN/labNN.ipynb
 #               (jupytext source -> nbgrader source notebook -> `nbgrader generate_assignment labNN --force`,
 #               run from the repository root so nbgrader reads nbgrader_config.py)
-#   make lab    JupyterLab on labs/ (start with labs/README.md); LAB_ARGS adds server flags, e.g.
-#               make lab LAB_ARGS="--no-browser --ip 0.0.0.0 --port 8888"
+#   make lab    JupyterLab on labs/ for the learner (start with labs/README.md, which opens rendered); LAB_ARGS adds
+#               server flags, e.g. make lab LAB_ARGS="--no-browser --ip 0.0.0.0 --port 8888"
+#   make instructor  JupyterLab on the repository with nbgrader's instructor tools (create assignment, formgrader)
+#
+# mk/jupyter/settings/overrides.json (installed as the venv's JupyterLab settings overrides) opens Markdown files in
+# the rendered preview; mk/jupyter/learner/ is the learner's extra Jupyter config dir: its page_config.json hides
+# nbgrader's instructor plugins (validate stays), and the formgrader server extension is switched off.
 
 LAB_ARGS ?= --no-browser
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+NBGRADER_SERVER := nbgrader.server_extensions
 
-.PHONY: labs lab
+.PHONY: labs lab instructor
 
 labs: $(STAMP)  ## rebuild solutions/*.ipynb and the released labs/ from solutions/labNN/labNN.py
 	$(PY) tools/build_notebooks.py --release
 
-lab: $(STAMP)  ## JupyterLab on labs/ for the learner (start with labs/README.md)
-	$(VENV)/bin/jupyter lab --allow-root --ServerApp.root_dir=labs $(LAB_ARGS)
+$(LAB_SETTINGS): mk/jupyter/settings/overrides.json $(STAMP)
+	mkdir -p $(dir $@) && cp $< $@
+
+lab: $(STAMP) $(LAB_SETTINGS)  ## JupyterLab on labs/ for the learner (start with labs/README.md)
+	JUPYTER_CONFIG_PATH=$(abspath mk/jupyter/learner) $(VENV)/bin/jupyter lab --allow-root \
+		--ServerApp.root_dir=labs \
+		--ServerApp.jpserver_extensions="{'$(NBGRADER_SERVER).formgrader': False, '$(NBGRADER_SERVER).course_list': False}" \
+		$(LAB_ARGS)
+
+instructor: $(STAMP) $(LAB_SETTINGS)  ## JupyterLab on the repository with nbgrader's instructor tools (formgrader)
+	$(VENV)/bin/jupyter lab --allow-root --ServerApp.root_dir=. $(LAB_ARGS)

@@ -216,3 +216,21 @@ def test_minillm_grade_cli_full_marks_and_zero(tmp_path):
     assert re.fullmatch(rf"score: 0/{m.group(2)}", last), out
     assert rc == 1, out
     assert out.count("not implemented yet") == 3, out
+
+
+def test_learner_jupyterlab_hides_instructor_tools_and_renders_markdown():
+    """`make lab`'s config names plugins and settings that exist in the installed JupyterLab and nbgrader (a rename
+    upstream would silently show the instructor tools or open labs/README.md as source again)."""
+    import json
+    prefix = Path(sys.prefix) / "share" / "jupyter"
+    disabled = json.loads((ROOT / "mk/jupyter/learner/labconfig/page_config.json").read_text())["disabledExtensions"]
+    bundle = "".join(p.read_text(errors="ignore") for p in (prefix / "labextensions/@jupyter/nbgrader").rglob("*.js"))
+    for plugin in disabled:
+        assert f'id:"{plugin}"' in bundle, f"nbgrader has no plugin {plugin}"
+    assert '"@jupyter/nbgrader:validate-assignment"' not in json.dumps(disabled)    # learners keep validate
+    overrides = json.loads((ROOT / "mk/jupyter/settings/overrides.json").read_text())
+    schema = json.loads((prefix / "lab/schemas/@jupyterlab/docmanager-extension/plugin.json").read_text())
+    assert "defaultViewers" in schema["properties"]
+    assert overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"] == {"markdown": "Markdown Preview"}
+    mk = (ROOT / "mk/course.mk").read_text()
+    assert "JUPYTER_CONFIG_PATH=$(abspath mk/jupyter/learner)" in mk and "formgrader': False" in mk
