@@ -316,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
                "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
                "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
-               "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~2 min\n"
-               + EPILOG_MODEL)
+               "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~1 min\n"
+               "\n" + EPILOG_MODEL)
     b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
