@@ -270,3 +270,38 @@ def test_bad_requests_arriving_mid_batch_leave_the_running_ones_untouched():
                 done[out.request_id] = out.token_ids
     assert refused == 10 and done == clean
     assert engine.block_manager.num_free_blocks == 40 and not engine.requests
+
+
+def test_runner_positions_are_start_to_start_plus_n_and_rows_are_the_chunk_ends():
+    """Chunked prefill of one prompt and decodes of others in one step: every sequence's positions are exactly
+    num_computed_tokens ... num_computed_tokens + n - 1, and only chunks that reach a sequence's end yield a row."""
+    from minillm.engine.scheduler import SchedulerOutput
+    from minillm.engine.sequence import Sequence
+    from minillm.engine.stream import TextStream
+    engine = LLMEngine.from_model(MODEL, num_blocks=40, block_size=4)
+    seqs = []
+    for i, (prompt_len, computed) in enumerate([(10, 0), (10, 4), (7, 6)]):
+        s = Sequence(str(i), list(range(3, 3 + prompt_len)), SamplingParams(),
+                     TextStream(None, SamplingParams(), []), None, None)
+        s.num_computed_tokens = computed
+        seqs.append(s)
+    out = SchedulerOutput(scheduled=[(seqs[0], 4), (seqs[1], 6), (seqs[2], 1)],
+                          block_tables=[[0, 1, 2], [3, 4, 5], [6, 7]], slot_mapping=list(range(11)))
+    inputs, rows, got = engine.runner.prepare(out)
+    assert inputs.positions.tolist() == [0, 1, 2, 3] + list(range(4, 10)) + [6]
+    assert inputs.input_ids.tolist() == list(range(3, 7)) + list(range(7, 13)) + [9]
+    assert got == [seqs[1], seqs[2]] and rows == [[9], [10]] and inputs.sample_rows == [9, 10]
+
+
+def test_rope_tables_at_large_positions_equal_the_closed_form():
+    """cos/sin read from the cached table at and past its first edge (4096) equal cos/sin(position * inv_freq)
+    computed directly in float64."""
+    from minillm.layers.rotary import RotaryEmbedding
+    rope = RotaryEmbedding(64, 100000.0, 8192, None)
+    pos = torch.tensor([0, 1, 4095, 4096, 4097, 6000, 8191])
+    cos, sin = rope.cos_sin(pos)
+    inv = 1.0 / (100000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    ang = pos.double()[:, None] * inv[None, :]
+    want_cos, want_sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    assert (cos.double() - want_cos).abs().max() < 2e-3 and (sin.double() - want_sin).abs().max() < 2e-3
+    assert torch.equal(rope.cos_sin(torch.tensor([8191]))[0], cos[-1:])     # the grown table keeps its values
