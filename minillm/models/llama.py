@@ -137,21 +137,19 @@ class LlamaModel(nn.Module):
         unread. Raises ValueError naming what is missing, unexpected or misshaped."""
         state: dict[str, torch.Tensor] = {}
         parts: dict[str, dict[str, torch.Tensor]] = {}
-        seen_layers: set[int] = set()
         for hf_name, src in weights:
             target, part = fused_target(hf_name)
             if self.cfg.tie_word_embeddings and target == "lm_head.weight":
                 continue
-            target = self._local_name(target, seen_layers)
+            target = self._local_name(target)
             if target is None:
                 continue
-            module_name, _ = target.rsplit(".", 1)
-            try:
-                module = self.get_submodule(module_name)
-            except AttributeError:
-                state[target] = as_source(src).read()   # reported below as unexpected
-                continue
             src = as_source(src)
+            try:
+                module = self.get_submodule(target.rsplit(".", 1)[0])
+            except AttributeError:
+                state[target] = src.read()   # reported below as unexpected
+                continue
             shard = getattr(module, "shard", None)
             value = shard(src, part) if shard is not None else src.read()
             if part is None:
@@ -176,7 +174,7 @@ class LlamaModel(nn.Module):
         self.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=False)
         return self
 
-    def _local_name(self, name: str, seen: set[int]) -> str | None:
+    def _local_name(self, name: str) -> str | None:
         """A checkpoint name in this stage's numbering, or None for weights another stage holds."""
         if name.startswith("layers."):
             _, idx, rest = name.split(".", 2)
@@ -186,8 +184,7 @@ class LlamaModel(nn.Module):
             return f"layers.{i - self.layer_range.start}.{rest}"
         if name.startswith("embed_tokens") and self.embed_tokens is None:
             return None
-        if (name.startswith("norm.") and self.norm is None) or (name.startswith("lm_head") and self.lm_head is None
-                                                                and not self.cfg.tie_word_embeddings):
+        if (name.startswith("norm.") and self.norm is None) or (name.startswith("lm_head") and self.lm_head is None):
             return None
         return name
 

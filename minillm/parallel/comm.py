@@ -52,15 +52,11 @@ class Communicator:
     """Collectives over one process group. A world of one needs no group: every operation is then the identity,
     so the single-process model runs the same code with no cost."""
 
-    def __init__(self, pg=None, rank: int = 0, world_size: int = 1, device: str = "cpu") -> None:
+    def __init__(self, pg=None, rank: int = 0, world_size: int = 1) -> None:
         if world_size > 1 and pg is None:
             raise ValueError("a Communicator for more than one rank needs a process group")
-        self.pg, self.rank, self.world_size, self.device = pg, rank, world_size, device
+        self.pg, self.rank, self.world_size = pg, rank, world_size
         self.stats = CommStats()
-
-    @property
-    def is_first(self) -> bool:
-        return self.rank == 0
 
     def _timed(self, kind: str, nbytes: int, work_fn):
         t0 = time.perf_counter()
@@ -122,9 +118,6 @@ class Communicator:
         import gc
         gc.collect()
 
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            self._timed("barrier", 0, lambda: self.pg.barrier())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -151,7 +144,7 @@ def connect(host: str, port: int, rank: int, world_size: int, backend: str = "gl
     if store is None:
         store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
     pg = make_process_group(dist.PrefixStore(prefix, store), rank, world_size, backend, timeout)
-    return Communicator(pg, rank, world_size, "cuda" if backend == "nccl" else "cpu")
+    return Communicator(pg, rank, world_size)
 
 
 def on_threads(world_size: int, fn) -> list:

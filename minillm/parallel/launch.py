@@ -17,7 +17,7 @@ def resolve_backend(name: str) -> str:
     return "env" if env_rank() is not None else "mp"
 
 
-def start_engine(model: str, config: EngineConfig, tokenizer_only: bool = False, rules=None):
+def start_engine(model: str, config: EngineConfig, rules=None):
     """(LoadedModel of rank 0, LLMEngine). Bad layouts fail here, before any process starts. Under torchrun, a
     rank other than 0 serves steps until rank 0 closes the engine, then exits the process."""
     from minillm.engine.llm_engine import LLMEngine
@@ -26,7 +26,7 @@ def start_engine(model: str, config: EngineConfig, tokenizer_only: bool = False,
     world = par.world_size
     backend = resolve_backend(par.distributed_executor_backend)
     if world == 1 and backend != "env":
-        loaded = load_model(model, config.dtype, rules=rules) if rules is not None else load_model(model, config.dtype)
+        loaded = load_model(model, config.dtype, rules=rules)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
     cfg = peek_config(model)
     check_tp_size(cfg, par.tensor_parallel_size)

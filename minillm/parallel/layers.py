@@ -199,14 +199,11 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection split by vocabulary rows like the embedding (and, when tied, the same slice): each
-    rank scores its Vp ids; the logits are gathered on rank 0, where the sampler runs."""
+    rank scores its Vp ids (LlamaModel.compute_logits, which also serves a tied head); the logits are gathered on
+    rank 0, where the sampler runs (gather_logits)."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover -- a head is not looked up
-        raise TypeError("ParallelLMHead computes logits: call logits(hidden)")
-
-    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor | None:
-        return gather_logits(F.linear(hidden, self.weight if weight is None else weight).float(),
-                             self.comm, self.vocab_size)
+        raise TypeError("ParallelLMHead holds the head's slice: LlamaModel.compute_logits scores with it")
 
 
 def gather_logits(local: torch.Tensor, comm: Communicator, vocab_size: int) -> torch.Tensor | None:

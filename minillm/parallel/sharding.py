@@ -54,12 +54,6 @@ def local_heads(cfg: ModelConfig, tp: int) -> tuple[int, int]:
     return cfg.num_heads // tp, max(1, cfg.num_kv_heads // tp)
 
 
-def kv_head_start(cfg: ModelConfig, rank: int, tp: int) -> int:
-    """The first KV head of `rank`: its own slice, or (tp > kv heads) the one head its query group reads."""
-    from minillm.parallel.layers import MEGATRON
-    return MEGATRON.column_rows(cfg.num_kv_heads, 1, rank, tp).start
-
-
 def stage_layers(num_layers: int, pp: int, stage: int) -> range:
     """Layers of pipeline stage `stage`: contiguous, the first stages take one more when they do not divide."""
     base, extra = divmod(num_layers, pp)

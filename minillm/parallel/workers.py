@@ -14,7 +14,7 @@ a step that does not fit first broadcasts a GROW message (rare: the buffer only 
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import datetime
 import os
 import threading
 import time
@@ -31,7 +31,7 @@ STEP, STOP, GROW, INIT = 1, 2, 3, 4
 HEADER = 2
 # Waiting for the next step is not a failure: a chat engine may sit idle for hours. A rank that dies closes its
 # sockets and the others see that at once; this only bounds a rank that hangs while alive.
-IDLE_TIMEOUT = __import__("datetime").timedelta(days=7)
+IDLE_TIMEOUT = datetime.timedelta(days=7)
 
 
 class WorkerError(RuntimeError):
@@ -235,13 +235,10 @@ class Workers:
         return comms[0]
 
     def _join_env(self) -> Communicator:
-        store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
-        if rank != 0:
+        comm, self.store = env_communicator(self.spec)
+        if comm.rank != 0:
             raise RuntimeError("only rank 0 drives the engine")
-        self.store = store
-        pg = __import__("minillm.parallel.comm", fromlist=["make_process_group"]).make_process_group(
-            dist.PrefixStore("minillm", store), 0, world, self.spec.dist_backend, IDLE_TIMEOUT)
-        return Communicator(pg, 0, world)
+        return comm
 
     # ------------------------------------------------------------------ run
     def init(self, num_blocks: int) -> None:
@@ -320,15 +317,18 @@ def _close_all() -> None:
         w.close()
 
 
-def run_env_worker(spec: WorkerSpec) -> None:
-    """A torchrun rank other than 0: join the group, load this rank's shard, serve steps until rank 0 stops."""
+def env_communicator(spec: WorkerSpec):
+    """(Communicator, store) of this process in the group torchrun (or another env:// launcher) set up."""
     store, rank, world = next(dist.rendezvous("env://", timeout=DEFAULT_TIMEOUT))
     if world != spec.world_size:
         raise ValueError(f"torchrun started {world} processes but tensor_parallel_size x pipeline_parallel_size = "
                          f"{spec.world_size}: give torchrun --nnodes x --nproc-per-node = {spec.world_size}")
-    from minillm.parallel.comm import make_process_group
-    pg = make_process_group(dist.PrefixStore("minillm", store), rank, world, spec.dist_backend, IDLE_TIMEOUT)
-    comm = Communicator(pg, rank, world)
+    return connect("", 0, rank, world, spec.dist_backend, store=store, timeout=IDLE_TIMEOUT), store
+
+
+def run_env_worker(spec: WorkerSpec) -> None:
+    """A torchrun rank other than 0: join the group, load this rank's shard, serve steps until rank 0 stops."""
+    comm, _ = env_communicator(spec)
     torch.set_num_threads(max(1, spec.threads))
     serve_steps(spec, comm, load_rank(spec, comm).model)
 
@@ -338,7 +338,3 @@ def env_rank() -> int | None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return int(os.environ["RANK"])
     return None
-
-
-def replace_spec(spec: WorkerSpec, **changes) -> WorkerSpec:
-    return dataclasses.replace(spec, **changes)
