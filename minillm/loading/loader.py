@@ -70,15 +70,9 @@ def peek_config(spec: str | Path = "default") -> ModelConfig:
     """The model's shapes without reading its weights (to check a parallel layout before any process starts)."""
     path = resolve_model_path(spec)
     if path.is_dir():
-        cfg_file = path / "config.json"
-        if not cfg_file.is_file():
-            raise ModelLoadError(f"{path} has no config.json")
-        return config_from_hf(json.loads(cfg_file.read_text()))
+        return _hf_dir_config(path)
     from minillm.loading.gguf_file import GGUFFile
-    gf = GGUFFile.open(path)
-    cfg = config_from_gguf(gf.metadata)
-    cfg.tie_word_embeddings = not gf.has_tensor("output.weight")
-    return cfg
+    return _gguf_config(GGUFFile.open(path))
 
 
 def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, Any]], dtype: torch.dtype, comm=None,
@@ -99,13 +93,16 @@ def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, Any]], dtype: tor
 
 # ---------------------------------------------------------------- Hugging Face directories
 
-def _read_hf_dir(path: Path):
+def _hf_dir_config(path: Path) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelLoadError(f"{path} has no config.json: a Hugging Face model directory needs config.json, "
                              "*.safetensors and tokenizer.json")
-    hf = json.loads(cfg_file.read_text())
-    cfg = config_from_hf(hf)
+    return config_from_hf(json.loads(cfg_file.read_text()))
+
+
+def _read_hf_dir(path: Path):
+    cfg = _hf_dir_config(path)
     files = _safetensors_files(path)
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path} has no tokenizer.json")
@@ -253,11 +250,16 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.view(n_head, head_dim // 2, 2, in_features).transpose(1, 2).reshape(out_features, in_features)
 
 
+def _gguf_config(gf) -> ModelConfig:
+    cfg = config_from_gguf(gf.metadata)
+    cfg.tie_word_embeddings = not gf.has_tensor("output.weight")
+    return cfg
+
+
 def _read_gguf(path: Path):
     from minillm.loading.gguf_file import GGUFFile
     gf = GGUFFile.open(path)
-    cfg = config_from_gguf(gf.metadata)
-    cfg.tie_word_embeddings = not gf.has_tensor("output.weight")
+    cfg = _gguf_config(gf)
     if gf.has_tensor("rope_freqs.weight"):
         cfg._rope_freqs = gf.load("rope_freqs.weight")
     from minillm.loading.tokenizer import Tokenizer
