@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -386,6 +387,24 @@ def _check_common(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The entry point (console script, `python -m minillm`). A reader that stops early (`minillm quiz --list |
+    head`) closes the pipe: that ends the command quietly, with no traceback and no 'internal error'."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()    # a closed pipe surfaces here, not as 'Exception ignored' at interpreter exit
+    except BrokenPipeError:
+        # Python's recipe: point stdout at devnull so the flush at exit cannot fail again. 141 = 128 + SIGPIPE,
+        # the status a shell tool killed by the closed pipe would report.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout replaced by an object without a descriptor (tests)
+            pass
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv                  # accepted anywhere on the line, not only before the command
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
@@ -398,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise                     # main() ends quietly
     except Exception as e:        # a safety net: specific checks above should have caught it first
         if debug:
             raise
