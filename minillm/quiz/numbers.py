@@ -10,9 +10,10 @@ import math
 import re
 from typing import Any, Callable
 
+from minillm.fleet import estimator as est
 from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
-from minillm.models.catalog import model_shape
-from minillm.quant.memory import weight_bytes
+from minillm.models.catalog import hardware_spec, model_shape
+from minillm.quant.memory import checkpoint_bytes, weight_bytes
 from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
 
 
@@ -29,6 +30,98 @@ def _ratio(a: dict, b: dict, fn: str) -> float:
     return FUNCTIONS[fn](**a) / FUNCTIONS[fn](**b)
 
 
+_DEPLOYMENT_ARGS = ("tp", "weights", "kv_bytes", "memory_utilization", "runtime_gb")
+_EFFICIENCY_ARGS = ("mfu", "mbu", "link", "allreduce_latency_s")
+
+# Named numbers of the serving estimator, each in base units (bytes, seconds, FLOPs, $) so a claim's unit
+# ("39.5 GB", "125 ms", "5.4 PFLOP/s") scales it. Memory fields need no traffic; the rest need prompt/output.
+_MEMORY_FIELDS: dict[str, Callable[[est.MemoryPlan, int], float]] = {   # (plan, tp)
+    "weights_bytes": lambda m, tp: m.weights_gb * est.GB,
+    "weights_bytes_per_gpu": lambda m, tp: m.weights_gb_per_gpu * est.GB,
+    "kv_pool_bytes": lambda m, tp: m.kv_gb * est.GB,
+    "kv_pool_bytes_per_gpu": lambda m, tp: m.kv_gb * est.GB / tp,
+    "kv_tokens": lambda m, tp: m.kv_tokens,
+}
+_ESTIMATE_FIELDS: dict[str, Callable[[est.Estimate], float]] = {
+    "max_streams": lambda e: e.max_streams,
+    "batch": lambda e: e.batch,
+    "ttft_s": lambda e: e.ttft_s,
+    "tpot_s": lambda e: e.tpot_s,
+    "decode_step_s": lambda e: e.decode_step.total_s,
+    "decode_memory_s": lambda e: e.decode_step.memory_s,
+    "decode_compute_s": lambda e: e.decode_step.compute_s,
+    "decode_comm_s": lambda e: e.decode_step.comm_s,
+    "output_tokens_per_s": lambda e: e.output_tokens_per_s,
+    "gpu_seconds_per_request": lambda e: e.gpu_seconds_per_request,
+    "prefill_share": lambda e: e.prefill_share,
+    "usd_per_m_output_tokens": lambda e: e.usd_per_m_output_tokens,
+    "prefill_flops": lambda e: e.prefill_flops,
+    "achieved_flops": lambda e: e.achieved_flops,
+    "peak_flops": lambda e: e.peak_flops,
+}
+
+
+def _split(args: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: args.pop(k) for k in names if k in args}
+
+
+def serving(field: str, model: str, gpu: str, prompt: int | None = None, output: int | None = None,
+            cached: int = 0, batch: int | None = None, tpot_ms: float | None = None,
+            usd_per_gpu_hour: float = 3.0, **knobs: Any) -> float:
+    """One named number of minillm.fleet.estimator for a deployment (model, gpu, tp, weights, kv_bytes, ...)
+    and, for the non-memory fields, a request shape. tpot_ms instead of batch: the largest batch meeting it."""
+    eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
+    dep = est.Deployment(model, gpu, **_split(knobs, _DEPLOYMENT_ARGS))
+    if knobs:
+        raise TypeError(f"serving() got unknown arguments {sorted(knobs)}; deployment: {_DEPLOYMENT_ARGS}, "
+                        f"efficiency: {_EFFICIENCY_ARGS}")
+    if field in _MEMORY_FIELDS:
+        return _MEMORY_FIELDS[field](est.memory_plan(dep), dep.tp)
+    if field not in _ESTIMATE_FIELDS:
+        raise KeyError(f"unknown serving field {field!r}; known: {', '.join([*_MEMORY_FIELDS, *_ESTIMATE_FIELDS])}")
+    if prompt is None or output is None:
+        raise TypeError(f"serving field {field!r} needs prompt and output (tokens per request)")
+    sc = est.Scenario(prompt, output, cached, batch, usd_per_gpu_hour)
+    if tpot_ms is not None:
+        if batch is not None:
+            raise TypeError("give batch or tpot_ms, not both")
+        sc = est.Scenario(prompt, output, cached, est.batch_for_tpot(dep, sc, tpot_ms / 1e3, eff), usd_per_gpu_hour)
+    return _ESTIMATE_FIELDS[field](est.estimate(dep, sc, eff))
+
+
+def _decode_step(field: str, model: str, gpu: str, batch: int, context: float, **knobs: Any) -> float:
+    """A pure decode step (no prefill): field total_s | compute_s | memory_s | comm_s."""
+    eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
+    step = est.decode_step(est.Deployment(model, gpu, **knobs), batch, context, eff)
+    return getattr(step, field)
+
+
+def _batching_speedup(model: str, gpu: str, batch: int, context: float, **knobs: Any) -> float:
+    """Decode tokens/s at `batch` over tokens/s at batch 1, every sequence at `context` tokens."""
+    one = _decode_step("total_s", model, gpu, 1, context, **dict(knobs))
+    return batch * one / _decode_step("total_s", model, gpu, batch, context, **knobs)
+
+
+def _prefill_flops_per_s(model: str, prompt: int, output: int, output_tokens_per_s: float, cached: int = 0) -> float:
+    """FLOP/s of prefill that a claimed output rate implies: each request brings prompt - cached new tokens
+    per output tokens. Compare with peak_flops to see whether the claim is possible at all."""
+    flops = est.forward_flops(model, prompt - cached, est._prefill_pairs(est.Scenario(prompt, output, cached)), 1)
+    return output_tokens_per_s / output * flops
+
+
+def _mix(parts: list[list[Any]]) -> float:
+    """A traffic-weighted blend: parts = [[share, fn, args], ...], shares summing to 1 (e.g. 70% of requests
+    on one deployment and 30% on another: the blended $ per million tokens)."""
+    total = sum(share for share, _, _ in parts)
+    if not math.isclose(total, 1.0, rel_tol=1e-9):
+        raise ValueError(f"mix shares sum to {total}, not 1: give each part's share of the traffic")
+    return sum(share * FUNCTIONS[fn](**args) for share, fn, args in parts)
+
+
+def _peak_flops(gpu: str, dtype: str = "bf16", n: int = 1) -> float:
+    return n * hardware_spec(gpu).peak_flops(dtype)
+
+
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "kv_cache_bytes": kv_cache_bytes,              # (config, tokens, dtype_bytes=2)
     "kv_bytes_per_token": _kv_bytes_per_token,     # (model, dtype_bytes=2)
@@ -39,6 +132,14 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "expected_tokens_per_step": expected_tokens_per_step,  # (alpha, k)
     "expected_speedup": expected_speedup,          # (alpha, k, draft_cost)
     "ratio": _ratio,                               # (a, b, fn)
+    "checkpoint_bytes": checkpoint_bytes,          # (model, format, embeddings_bits=16)
+    "serving": serving,                            # (field, model, gpu, prompt, output, ...): minillm.fleet
+    "decode_step": _decode_step,                   # (field, model, gpu, batch, context, tp=1, weights=...)
+    "batching_speedup": _batching_speedup,         # (model, gpu, batch, context, ...)
+    "prefill_flops_per_s": _prefill_flops_per_s,   # (model, prompt, output, output_tokens_per_s, cached=0)
+    "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
+    "mix": _mix,                                   # (parts=[[share, fn, args], ...])
+    "tp_comm_bytes": est.tp_comm_bytes_per_gpu,    # (model, tp, tokens): bytes each device sends
 }
 
 _UNITS = {
@@ -47,12 +148,16 @@ _UNITS = {
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
     "K": 1e3, "M": 1e6, "B params": 1e9, "billion": 1e9,
     "x": 1, "×": 1, "%": 0.01, "tokens": 1,
+    "µs": 1e-6, "ms": 1e-3, "s": 1, "tok/s": 1, "output tok/s": 1, "K tok/s": 1e3, "tokens/s": 1,
+    "TFLOP": 1e12, "PFLOP": 1e15, "TFLOP/s": 1e12, "PFLOP/s": 1e15, "GB/s": 1e9, "TB/s": 1e12,
+    "streams": 1, "sequences": 1, "GPUs": 1,
 }
-_CLAIM = re.compile(r"^~?\s*([0-9][0-9,]*(?:\.[0-9]+)?)\s*(.*?)\s*$")
+_CLAIM = re.compile(r"^~?\s*\$?([0-9][0-9,]*(?:\.[0-9]+)?)\s*(.*?)\s*$")
 
 
 def parse_claim(claim: str) -> float:
-    """'2 GiB' -> 2147483648.0, '2.8x' -> 2.8, '35 GB' -> 3.5e10, '327,680 bytes' -> 327680.0."""
+    """'2 GiB' -> 2147483648.0, '2.8x' -> 2.8, '35 GB' -> 3.5e10, '327,680 bytes' -> 327680.0, '125 ms' -> 0.125,
+    '$2.48' -> 2.48."""
     m = _CLAIM.match(claim)
     if not m or m.group(2) not in _UNITS:
         raise ValueError(f"cannot read the figure {claim!r}: write a number and one of the units "
