@@ -327,8 +327,9 @@ def test_anki_csv_parses_back_one_row_per_question(bank_dir):
     bank = load_bank(bank_dir)
     text = to_anki_csv(bank.questions.values(), bank.topics)
     rows = [r for r in csv.reader(io.StringIO(text)) if not r[0].startswith("#")]
-    assert len(rows) == len(bank) and all(len(r) == 3 for r in rows)
-    front, back, tags = rows[1]
+    assert len(rows) == len(bank) and all(len(r) == 4 for r in rows)
+    guid, front, back, tags = rows[1]
+    assert len({r[0] for r in rows}) == len(rows) and guid.isalnum()
     assert front.startswith("Question kv-size") and "The KV cache · hard" in front
     assert "<li>Stores K and V of past tokens per layer</li>" in back and ANSWER[:40] in back
     assert tags.split() == ["minillm", "kv-cache", "hard", "lab01", "lab04_2"]

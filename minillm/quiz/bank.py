@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -67,7 +68,7 @@ class Question:
     level: str
     question: str
     answer: str
-    key_points: tuple[str, ...]
+    key_points: tuple[str, ...]      # the points' text; a point written as {point, synonyms} gives its point
     common_mistake: str
     follow_ups: tuple[str, ...]
     labs: tuple[str, ...]
@@ -76,15 +77,22 @@ class Question:
     design: Design | None = None
     checks: tuple[dict[str, Any], ...] = ()
     file: Path | None = field(default=None, compare=False)
+    synonyms: tuple[tuple[str, ...], ...] = ()   # per key point, other ways to say it (empty tuples when none)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], file: Path | None = None) -> "Question":
-        return cls(id=d["id"], topic=d["topic"], level=d["level"], question=d["question"].strip(),
-                   answer=" ".join(d["answer"].split()), key_points=tuple(d["key_points"]),
-                   common_mistake=d["common_mistake"].strip(), follow_ups=tuple(d["follow_ups"]),
+        from minillm.quiz.markup import normalize
+        points = [kp if isinstance(kp, dict) else {"point": kp} for kp in d["key_points"]]
+        return cls(id=d["id"], topic=d["topic"], level=d["level"], question=normalize(d["question"]),
+                   answer=normalize(d["answer"]), key_points=tuple(normalize(p["point"]) for p in points),
+                   synonyms=tuple(tuple(p.get("synonyms") or ()) for p in points),
+                   common_mistake=normalize(d["common_mistake"]), follow_ups=tuple(map(normalize, d["follow_ups"])),
                    labs=tuple(d["labs"]), evidence=tuple(d["evidence"]), sources=tuple(d["sources"]),
-                   design=Design(**d["design"]) if d.get("design") else None,
+                   design=Design(**{k: normalize(v) for k, v in d["design"].items()}) if d.get("design") else None,
                    checks=tuple(d.get("checks") or ()), file=file)
+
+    def key_point_synonyms(self, i: int) -> tuple[str, ...]:
+        return self.synonyms[i] if i < len(self.synonyms) else ()
 
     def in_lab(self, lab: str) -> bool:
         """`lab04` matches lab04 and its parts (lab04_2); `lab04_2` matches only that part."""
@@ -114,18 +122,43 @@ class Bank:
         return sorted({l for q in self.questions.values() for l in q.labs})
 
     def select(self, topics: Iterable[str] = (), level: str | None = None, lab: str | None = None) -> list[Question]:
-        """The questions matching every filter given; raises SelectionError naming the valid values."""
-        topics = list(topics)
-        for t in topics:
-            if t not in self.topics:
-                raise SelectionError(f"unknown topic {t!r}; valid topics: {', '.join(self.topics) or '(none yet)'}")
-        if level is not None and level not in LEVELS:
-            raise SelectionError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)}")
-        if lab is not None and lab.split("_")[0] not in LABS:
-            raise SelectionError(f"unknown lab {lab!r}; valid labs: {', '.join(LABS)}")
+        """The questions matching every filter given, compared case-insensitively; raises SelectionError naming
+        the valid values."""
+        topics = [normalize_topic(t, self.topics) for t in topics]
+        level = normalize_level(level) if level is not None else None
+        lab = normalize_lab(lab) if lab is not None else None
         return [q for q in self.questions.values()
                 if (not topics or q.topic in topics) and (level is None or q.level == level)
                 and (lab is None or q.in_lab(lab))]
+
+
+def normalize_topic(topic: str, topics: Iterable[str]) -> str:
+    valid = list(topics)
+    t = topic.strip().lower()
+    if t not in valid:
+        raise SelectionError(f"unknown topic {topic!r}; valid topics: {', '.join(valid) or '(none yet)'}")
+    return t
+
+
+# `--list` heads the system-design column "design"; accept that spelling (and a space for the hyphen) too.
+_LEVEL_ALIASES = {"design": "system-design", "system design": "system-design", "system_design": "system-design"}
+
+
+def normalize_level(level: str) -> str:
+    v = " ".join(level.strip().lower().split())
+    v = _LEVEL_ALIASES.get(v, v)
+    if v not in LEVELS:
+        raise SelectionError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)}")
+    return v
+
+
+def normalize_lab(lab: str) -> str:
+    """'LAB04' -> 'lab04', 'lab4' -> 'lab04', 'lab04_2' stays: a lab of CURRICULUM.md or one of its parts."""
+    m = re.fullmatch(r"lab(\d{1,2})(_[1-9])?", lab.strip().lower())
+    v = f"lab{int(m.group(1)):02d}{m.group(2) or ''}" if m else ""
+    if v.split("_")[0] not in LABS:
+        raise SelectionError(f"unknown lab {lab!r}; valid labs: {', '.join(LABS)} (or a part such as lab04_2)")
+    return v
 
 
 class SelectionError(ValueError):
@@ -232,17 +265,23 @@ def _validator_class():
     return Draft202012Validator
 
 
-def _schema_problem(e: Any) -> list[tuple[str | None, str]]:
-    """(field to append to the error's path, message): name the field itself for missing/unknown keys."""
+def _schema_problem(e: Any) -> list[tuple[list[Any], str]]:
+    """(path to append to the error's path, message): name the field itself for missing/unknown keys."""
     if e.validator == "required" and isinstance(e.instance, dict):
         missing = [k for k in e.validator_value if k not in e.instance]
         hint = (" (system-design entries need design: {requirements, estimate, architecture, trade_offs})"
                 if "design" in missing else "")
-        return [(k, f"missing required field{hint}") for k in missing]
+        return [([k], f"missing required field{hint}") for k in missing]
     if e.validator == "additionalProperties" and isinstance(e.instance, dict):
         allowed = list(e.schema.get("properties", {}))
-        return [(k, f"unknown field; allowed fields: {', '.join(allowed)}") for k in e.instance if k not in allowed]
-    return [(None, e.message)]
+        return [([k], f"unknown field; allowed fields: {', '.join(allowed)}") for k in e.instance if k not in allowed]
+    if e.validator in ("anyOf", "oneOf") and e.context:
+        # "is not valid under any of the given schemas" says nothing: report what is wrong in the form the value
+        # has (a key point that is a string: its length; a mapping: its fields), not that it is not the other form.
+        specific = [c for c in e.context if not (c.validator == "type" and not c.relative_path)]
+        if specific:
+            return [(list(c.relative_path) + rest, what) for c in specific for rest, what in _schema_problem(c)]
+    return [([], e.message)]
 
 
 def validate_file(path: Path, doc: Any, schema: dict[str, Any]) -> list[str]:
@@ -251,8 +290,8 @@ def validate_file(path: Path, doc: Any, schema: dict[str, Any]) -> list[str]:
     errors = sorted(_validator_class()(schema).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
     for e in errors:
         at = list(e.absolute_path)
-        for name, what in _schema_problem(e):
-            problems.append(f"{_where(path, doc, at + ([name] if name else []))}: {what}")
+        for rest, what in _schema_problem(e):
+            problems.append(f"{_where(path, doc, at + rest)}: {what}")
     if problems or not isinstance(doc, dict):
         return problems
     if doc["topic"] != path.stem:

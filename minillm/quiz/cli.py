@@ -74,6 +74,12 @@ def _error(msg: str) -> int:
     return 2
 
 
+def _filters(args: argparse.Namespace) -> str:
+    """The filters given, as the user would retype them: '--topic kv-cache --level hard'."""
+    given = [("topic", t) for t in args.topic] + [("level", args.level), ("lab", args.lab)]
+    return " ".join(f"--{k} {v}" for k, v in given if v)
+
+
 def cmd_quiz(args: argparse.Namespace) -> int:
     if args.reset:
         from minillm.quiz.store import reset
@@ -86,26 +92,26 @@ def cmd_quiz(args: argparse.Namespace) -> int:
     if args.n < 1:
         return _error(f"--n must be at least 1, got {args.n}")
     from minillm.quiz.export import FORMATS
-    if args.export and args.export[0] not in FORMATS:
-        return _error(f"unknown export format {args.export[0]!r}; use anki or markdown (e.g. --export anki out.csv)")
+    if args.export:
+        args.export[0] = args.export[0].lower()
+        if args.export[0] not in FORMATS:
+            return _error(f"unknown export format {args.export[0]!r}; use anki or markdown (e.g. --export anki out.csv)")
     try:
         bank = load_bank(args.bank)
     except BankError as e:
         return _error(f"cannot load the question bank:\n{e}")
-    if args.list:
-        print_list(bank, sys.stdout)
-        return 0
-    try:
+    try:   # validated (case-insensitively) for every mode, --list and --export included
         questions = bank.select(args.topic, args.level, args.lab)
     except SelectionError as e:
         return _error(str(e))
+    if not questions:
+        print(f"no questions match {_filters(args) or 'the bank'} yet; see `minillm quiz --list`", file=sys.stderr)
+        return 1
+    if args.list:
+        print_list(bank, sys.stdout, questions if _filters(args) else None, _filters(args))
+        return 0
     if args.export:
         return _export(bank, questions, *args.export)
-    if not questions:
-        filters = " ".join(f"--{k} {v}" for k, v in (("topic", ",".join(args.topic)), ("level", args.level),
-                                                       ("lab", args.lab)) if v)
-        print(f"no questions match {filters or 'the bank'} yet; see `minillm quiz --list`", file=sys.stderr)
-        return 1
     return _run(questions, args)
 
 
@@ -140,27 +146,42 @@ def _run(questions: list, args: argparse.Namespace) -> int:
     return 0
 
 
-def print_list(bank: Bank, out: TextIO) -> None:
-    """Every topic with counts per level and totals, questions per lab, and coverage of the seed questions."""
+def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: str = "") -> None:
+    """Every topic with counts per level and totals, questions per lab, and coverage of the seed questions.
+    With `questions` (the ones some filters select) the counts are theirs and the matching ids are listed."""
     from minillm.quiz.coverage import coverage
 
+    selected = list(bank.questions.values()) if questions is None else questions
     short = {"system-design": "design"}
     cols = [short.get(l, l) for l in LEVELS]
-    tw = max([len(t) for t in [*bank.topics, *PLANNED_TOPICS]] + [5])
-    titles = {t: bank.topics.get(t, "(no file yet)") for t in [*bank.topics, *[p for p in PLANNED_TOPICS
-                                                                                if p not in bank.topics]]}
+    if questions is None:
+        names = [*bank.topics, *[p for p in PLANNED_TOPICS if p not in bank.topics]]
+    else:
+        names = [t for t in bank.topics if any(q.topic == t for q in selected)]
+    titles = {t: bank.topics.get(t, "(no file yet)") for t in names}
+    tw = max([len(t) for t in titles] + [5])
     hw = max([len(t) for t in titles.values()] + [5])
+    if filters:
+        out.write(f"{len(selected)} of {len(bank)} questions match {filters}\n\n")
     out.write(f"{'topic':<{tw}}  {'title':<{hw}}  " + "  ".join(f"{c:>6}" for c in cols) + f"  {'total':>5}\n")
     totals = [0] * len(LEVELS)
     for topic, title in titles.items():
-        qs = bank.by_topic(topic)
+        qs = [q for q in selected if q.topic == topic]
         counts = [sum(q.level == l for q in qs) for l in LEVELS]
         totals = [a + b for a, b in zip(totals, counts)]
         out.write(f"{topic:<{tw}}  {title:<{hw}}  " + "  ".join(f"{c:>6}" for c in counts) + f"  {len(qs):>5}\n")
-    out.write(f"{'total':<{tw}}  {'':<{hw}}  " + "  ".join(f"{c:>6}" for c in totals) + f"  {len(bank):>5}\n\n")
+    out.write(f"{'total':<{tw}}  {'':<{hw}}  " + "  ".join(f"{c:>6}" for c in totals) + f"  {len(selected):>5}\n\n")
 
+    by_lab: dict[str, int] = {}
+    for q in selected:
+        for lab in {l.split("_")[0] for l in q.labs}:
+            by_lab[lab] = by_lab.get(lab, 0) + 1
+    out.write("questions per lab: " + ", ".join(f"{lab} {by_lab.get(lab, 0)}" for lab in LABS) + "\n")
+    if questions is not None:
+        iw = max(len(q.id) for q in selected)
+        out.write("\n" + "".join(f"  {q.id:<{iw}}  {q.topic}, {q.level}\n" for q in selected))
+        return
     cov = coverage(bank)
-    out.write("questions per lab: " + ", ".join(f"{lab} {cov.by_lab.get(lab, 0)}" for lab in LABS) + "\n")
     present = len(cov.referenced) - len(cov.missing)
     out.write(f"coverage: {cov.seed_questions} seed questions mapped in sources.yaml to {len(cov.referenced)} "
               f"distinct entries; {present} of them in the bank, {len(cov.missing)} not written yet\n")

@@ -1,37 +1,60 @@
-"""Export the bank: an Anki CSV (Front, Back, Tags) or one Markdown document with folded answers."""
+"""Export the bank: an Anki CSV (GUID, Front, Back, Tags) or one Markdown document with folded answers."""
 from __future__ import annotations
 
 import csv
-import html
+import hashlib
 import io
 from typing import Iterable, Sequence
 
 from minillm.quiz.bank import LABS, Question
+from minillm.quiz.markup import inline_html, normalize, to_html
 
 FORMATS = ("anki", "markdown")
 
-# Anki (2.1.55+) reads these header lines: no import dialog fiddling to get HTML fields and tags right.
-ANKI_HEADER = "#separator:comma\n#html:true\n#columns:Front,Back,Tags\n#tags column:3\n"
+# Anki (2.1.55+) reads these header lines (its manual, "Importing > Text Files > File Headers"): HTML fields,
+# the tags column, and a GUID column so that importing a newer export updates the notes already imported (their
+# review history kept) instead of adding duplicates. Column 1 holds the GUID, as in Anki's own text export.
+ANKI_HEADER = ("#separator:comma\n#html:true\n#notetype:Basic\n#columns:GUID,Front,Back,Tags\n"
+               "#guid column:1\n#tags column:4\n")
+
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def note_guid(qid: str) -> str:
+    """The Anki note GUID for a bank entry: 64 bits of sha256('minillm:' + id) in base 62, the shape of Anki's
+    own random 64-bit GUIDs without their punctuation. It depends on the id alone, so it is the same on every
+    export and whatever the order; renaming an entry's id makes a new note."""
+    n = int.from_bytes(hashlib.sha256(f"minillm:{qid}".encode()).digest()[:8], "big")
+    out = ""
+    while True:
+        n, r = divmod(n, 62)
+        out = _BASE62[r] + out
+        if not n:
+            return out
 
 
 def _lab_label(lab: str) -> str:
     return f"{lab} ({LABS.get(lab.split('_')[0], '?')})"
 
 
-def anki_rows(questions: Iterable[Question], titles: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
-    """(front, back, tags) per question; front and back are HTML, tags are space-separated (Anki's format)."""
+def _html_list(items: Iterable[str]) -> str:
+    return "<ul>" + "".join(f"<li>{to_html(i)}</li>" for i in items) + "</ul>"
+
+
+def anki_rows(questions: Iterable[Question], titles: dict[str, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(guid, front, back, tags) per question; front and back are single-line HTML, tags space-separated."""
     rows = []
     for q in questions:
-        e = html.escape
         topic = (titles or {}).get(q.topic, q.topic)
-        front = f"{e(q.question)}<br><small>{e(topic)} · {e(q.level)}</small>"
-        back = [f"<p>{e(q.answer)}</p>", "<ul>" + "".join(f"<li>{e(k)}</li>" for k in q.key_points) + "</ul>",
-                f"<p><b>Common mistake:</b> {e(q.common_mistake)}</p>"]
+        front = f"{to_html(q.question)}<br><small>{inline_html(topic)} · {q.level}</small>"
+        back = [f"<div>{to_html(q.answer)}</div>", _html_list(q.key_points),
+                f"<p><b>Common mistake:</b> {to_html(q.common_mistake)}</p>"]
         if q.design is not None:
-            back.append("<dl>" + "".join(f"<dt>{name}</dt><dd>{e(text)}</dd>" for name, text in _design(q)) + "</dl>")
-        back.append(f"<p><small>Labs: {e(', '.join(_lab_label(l) for l in q.labs))}</small></p>")
+            back.append("<dl>" + "".join(f"<dt>{name}</dt><dd>{to_html(text)}</dd>" for name, text in _design(q))
+                        + "</dl>")
+        back.append(f"<p><small>Labs: {inline_html(', '.join(_lab_label(l) for l in q.labs))}</small></p>")
         tags = ["minillm", q.topic, q.level, *q.labs]
-        rows.append((front, "".join(back), " ".join(tags)))
+        rows.append((note_guid(q.id), front, "".join(back), " ".join(tags)))
     return rows
 
 
@@ -50,7 +73,8 @@ def _design(q: Question) -> list[tuple[str, str]]:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """The text as one Markdown paragraph (a fenced block keeps its own lines)."""
+    return normalize(text)
 
 
 def question_markdown(q: Question, heading: str = "###") -> str:

@@ -1,14 +1,19 @@
 """Which key points a typed answer mentions: a normalized keyword match, not a judge.
 
-Both texts are normalized the same way (lower case, punctuation dropped, hyphens and underscores split,
-number words to digits, x/×/times to one token, crude suffix stemming). A key point counts as mentioned
-when at least 60% of its content words (stopwords removed) appear in the answer; a hyphenated term in the
-key point ("copy-on-write", "kv-cache") must appear as a phrase (hyphenated, spaced or run together).
+Both texts are normalized the same way: lower case, punctuation dropped, hyphens and underscores split,
+number words to digits, x/×/times to one token, crude suffix stemming ("batching" = "batched" = "batches",
+"quantization" = "quantized"). A key point counts as mentioned when at least 60% of its content words
+(stopwords removed) appear in the answer. Hyphen and space variants are the same term: "KV-cache", "kv cache"
+and "kvcache" match each other; a hyphenated term in the key point ("copy-on-write") must appear as a whole.
+A key point may carry synonyms in the bank (other ways to say it); the point is ticked when it or any one of
+its synonyms reaches the threshold, and `explain` says which words did it.
+
 It cannot tell a right statement from a wrong one that uses the same words.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 THRESHOLD = 0.6
@@ -30,27 +35,42 @@ NUMBER_WORDS = {
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
 
-
 _KEEP_ING = frozenset({"string", "thing", "during", "bring", "spring", "nothing", "something"})
 
 
 def _stem(word: str) -> str:
-    """Crude suffix stripping, applied to both sides, so 'caches'/'cached'/'caching' all become 'cach'."""
-    if word.isdigit() or len(word) <= 3:
+    """Crude suffix stripping, the same on both sides: 'caches'/'cached'/'caching' -> 'cach', 'batches'/'batched'/
+    'batching' -> 'batch', 'quantization'/'quantized' -> 'quantiz', 'allocation'/'allocated' -> 'allocat'."""
+    if len(word) <= 3 or any(c.isdigit() for c in word):
         return word
-    if word.endswith("ies") and len(word) > 4:
+    if word.endswith("ies") and len(word) > 4:           # plurals and third person first ...
         word = word[:-3] + "y"
     elif word.endswith("sses"):
         word = word[:-2]
-    elif word.endswith("ing") and len(word) >= 6 and word not in _KEEP_ING:
-        word = word[:-3]
-    elif word.endswith("ed") and len(word) >= 5 and not word.endswith("eed"):
-        word = word[:-2]
     elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
         word = word[:-1]
+    if word.endswith("ization") and len(word) > 9:       # ... then one derivational or inflectional ending
+        word = word[:-5]
+    elif word.endswith("ation") and len(word) > 7:
+        word = word[:-3]
+    elif word.endswith("ing") and len(word) >= 6 and word not in _KEEP_ING:
+        word = _undouble(word[:-3])
+    elif word.endswith("ed") and len(word) >= 5 and not word.endswith("eed"):
+        word = _undouble(word[:-2])
+    elif word.endswith("ically") and len(word) >= 8:
+        word = word[:-4]
+    elif word.endswith("ly") and len(word) >= 6:
+        word = word[:-2]
     if len(word) > 3 and word.endswith("e") and not word.endswith("ee"):
         word = word[:-1]
     return word
+
+
+def _undouble(stem: str) -> str:
+    """'summ' (summed) -> 'sum', 'padd' -> 'pad'; 'prefill', 'pass' and 'buzz' keep their pair."""
+    if len(stem) >= 3 and stem[-1] == stem[-2] and stem[-1] not in "aeiouylsz":
+        return stem[:-1]
+    return stem
 
 
 def _prepare(text: str) -> str:
@@ -58,61 +78,110 @@ def _prepare(text: str) -> str:
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text)           # 4,096 -> 4096
     text = re.sub(r"(?<=\d)x\b", " x", text)                 # 2.8x -> 2.8 x
     text = re.sub(r"(?<=\d)(kib|mib|gib|tib|kb|mb|gb|tb|ms|us|ns)\b", r" \1", text)   # 128KiB -> 128 kib
-    text = re.sub(r"\b(\w+)'s\b", r"\1", text)               # GPU's -> GPU
+    text = re.sub(r"\b(\w+)['’]s\b", r"\1", text)            # GPU's -> GPU
     return text
+
+
+def _words(text: str) -> list[tuple[str, str]]:
+    """(the word as written, lower-cased; its normalized token) for each token of `text`."""
+    out: list[tuple[str, str]] = []
+    for word in _TOKEN.findall(_prepare(text)):
+        for w in NUMBER_WORDS.get(word, word).split():
+            out.append((word, _stem(w)))
+    return out
 
 
 def tokens(text: str) -> list[str]:
     """Normalized tokens of `text`, stopwords kept (phrases need their positions)."""
-    out: list[str] = []
-    for word in _TOKEN.findall(_prepare(text)):
-        for w in NUMBER_WORDS.get(word, word).split():
-            out.append(_stem(w))
-    return out
+    return [t for _, t in _words(text)]
 
 
-def _units(key_point: str) -> list[tuple[str, ...]]:
+@dataclass(frozen=True)
+class _Unit:
+    parts: tuple[str, ...]     # normalized tokens; more than one for a compound like copy-on-write
+    shown: str                 # as the key point writes it, for the explanation
+
+
+def _units(phrase: str) -> list[_Unit]:
     """The content units of a key point: single words, or a phrase for a hyphen/underscore compound
     ("copy-on-write" keeps its "on"). A slash means "or"/"per" ("GQA/MQA", "KiB/token"): separate words."""
-    units: list[tuple[str, ...]] = []
-    for chunk in re.split(r"[\s/]+", _prepare(key_point)):
-        parts = tuple(tokens(chunk))
+    units: list[_Unit] = []
+    for chunk in re.split(r"[\s/]+", _prepare(phrase)):
+        words = _words(chunk)
+        parts = tuple(t for _, t in words)
         if len(parts) > 1 and re.search(r"[a-z0-9][-_][a-z0-9]", chunk) and any(t not in STOPWORDS for t in parts):
-            units.append(parts)
+            units.append(_Unit(parts, re.sub(r"^\W+|\W+$", "", chunk)))
         else:
-            units += [(t,) for t in parts if t not in STOPWORDS]
+            units += [_Unit((t,), w) for w, t in words if t not in STOPWORDS]
     seen: set[tuple[str, ...]] = set()
-    return [u for u in units if not (u in seen or seen.add(u))]
+    return [u for u in units if not (u.parts in seen or seen.add(u.parts))]
 
 
-def _has(unit: tuple[str, ...], answer: list[str], vocab: set[str]) -> bool:
-    if len(unit) == 1:
-        return unit[0] in vocab
-    if "".join(unit) in vocab:                                # "kvcache" for "kv-cache"
-        return True
-    n = len(unit)
-    return any(tuple(answer[i:i + n]) == unit for i in range(len(answer) - n + 1))
+def _found(units: list[_Unit], answer: list[str]) -> list[bool]:
+    """Per unit: does the answer contain it? Adjacent answer tokens also count run together ("kv cache" in the
+    answer matches "kvcache" in a key point), and adjacent key-point units do too ("kvcache" in the answer
+    matches "kv cache" in the key point)."""
+    vocab = set(answer) | {a + b for a, b in zip(answer, answer[1:])}
+
+    def has(parts: tuple[str, ...]) -> bool:
+        if "".join(parts) in vocab:                      # a word, or a compound run together ("kvcache")
+            return True
+        n = len(parts)
+        return any(tuple(answer[i:i + n]) == parts for i in range(len(answer) - n + 1))
+
+    hits = [has(u.parts) for u in units]
+    for i in range(len(units) - 1):
+        if "".join(units[i].parts + units[i + 1].parts) in vocab:
+            hits[i] = hits[i + 1] = True
+    return hits
+
+
+@dataclass(frozen=True)
+class PointMatch:
+    """Why a key point was (not) ticked: the words of the best phrasing that the answer has and lacks."""
+    hit: bool
+    score: float                    # fraction of the phrasing's content words found, 0..1
+    matched: tuple[str, ...]        # as the phrasing writes them
+    missing: tuple[str, ...]
+    via: str | None = None          # the synonym that scored best; None when the key point's own words did
+
+    def reason(self) -> str:
+        """'matched: kv, cache, layers' or 'via "paged KV": paged, kv' (empty when nothing matched)."""
+        if not self.matched:
+            return ""
+        words = ", ".join(self.matched)
+        return f'via "{self.via}": {words}' if self.via else f"matched: {words}"
+
+
+def _score(typed_tokens: list[str], phrase: str) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    units = _units(phrase)
+    if not units:
+        return 0.0, (), ()
+    hits = _found(units, typed_tokens)
+    return (sum(hits) / len(units), tuple(u.shown for u, h in zip(units, hits) if h),
+            tuple(u.shown for u, h in zip(units, hits) if not h))
+
+
+def explain(typed: str, key_point: str, synonyms: Sequence[str] = (), threshold: float = THRESHOLD) -> PointMatch:
+    """Match the key point and each synonym against the typed answer; report the best-scoring phrasing
+    (the key point itself on a tie)."""
+    answer = tokens(typed) if typed.strip() else []
+    candidates = []
+    for via, phrase in [(None, key_point), *((s, s) for s in synonyms)]:
+        score, matched, missing = _score(answer, phrase)
+        candidates.append(PointMatch(score >= threshold - 1e-9, score, matched, missing, via))
+    return max(candidates, key=lambda m: (m.score, m.via is None))
 
 
 def key_point_score(typed: str, key_point: str) -> float:
-    """Fraction of the key point's content units found in the typed answer (0..1)."""
-    units = _units(key_point)
-    if not units:
-        return 0.0
-    answer = tokens(typed)
-    # Adjacent pairs run together too, so "kv cache" in the answer matches "kvcache" in a key point...
-    vocab = set(answer) | {a + b for a, b in zip(answer, answer[1:])}
-    hits = [_has(u, answer, vocab) for u in units]
-    # ... and "kv cache" in the key point matches "kvcache" in the answer.
-    for i in range(len(units) - 1):
-        if "".join(units[i] + units[i + 1]) in vocab:
-            hits[i] = hits[i + 1] = True
-    return sum(hits) / len(units)
+    """Fraction of the key point's content units found in the typed answer (0..1); synonyms not consulted."""
+    return _score(tokens(typed), key_point)[0]
 
 
-def match_key_points(typed: str, key_points: Sequence[str], threshold: float = THRESHOLD) -> list[bool]:
-    """Per key point: does the typed answer mention it (score >= threshold)?"""
+def match_key_points(typed: str, key_points: Sequence[str], threshold: float = THRESHOLD,
+                     synonyms: Sequence[Sequence[str]] | None = None) -> list[bool]:
+    """Per key point: does the typed answer mention it (the point or one of its synonyms scores >= threshold)?"""
     if not typed.strip():
         return [False] * len(key_points)
-    return [key_point_score(typed, kp) >= threshold - 1e-9 for kp in key_points]
-
+    syns = list(synonyms) if synonyms is not None else [()] * len(key_points)
+    return [explain(typed, kp, s, threshold).hit for kp, s in zip(key_points, syns)]

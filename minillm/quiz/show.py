@@ -8,7 +8,8 @@ import html
 from typing import Sequence
 
 from minillm.quiz.bank import Bank, Question, load_bank
-from minillm.quiz.export import _design, _lab_label, to_markdown
+from minillm.quiz.export import _design, _html_list, _lab_label, to_markdown
+from minillm.quiz.markup import to_html
 
 
 def _select(bank: Bank | None, lab: str | None, topic: str | None, level: str | None) -> tuple[Bank, list[Question]]:
@@ -30,15 +31,14 @@ def _html(questions: Sequence[Question], title: str) -> str:
     if not questions:
         parts.append("<p><i>No questions yet.</i></p>")
     for q in questions:
-        body = [f"<p>{e(q.answer)}</p>", "<p><b>Key points</b></p><ul>"
-                + "".join(f"<li>{e(k)}</li>" for k in q.key_points) + "</ul>",
-                f"<p><b>Common mistake:</b> {e(q.common_mistake)}</p>"]
+        body = [f"<div>{to_html(q.answer)}</div>", "<p><b>Key points</b></p>" + _html_list(q.key_points),
+                f"<p><b>Common mistake:</b> {to_html(q.common_mistake)}</p>"]
         if q.design is not None:
-            body.append("<ul>" + "".join(f"<li><i>{n}:</i> {e(t)}</li>" for n, t in _design(q)) + "</ul>")
-        body.append("<p><b>Follow-ups</b></p><ul>" + "".join(f"<li>{e(f)}</li>" for f in q.follow_ups) + "</ul>")
+            body.append("<ul>" + "".join(f"<li><i>{n}:</i> {to_html(t)}</li>" for n, t in _design(q)) + "</ul>")
+        body.append("<p><b>Follow-ups</b></p>" + _html_list(q.follow_ups))
         if q.evidence:
             body.append("<p><b>Evidence:</b> " + ", ".join(f"<code>{e(x)}</code>" for x in q.evidence) + "</p>")
-        parts.append(f"<p><b>{e(q.question)}</b> <small>({e(q.level)}, {e(q.topic)})</small></p>"
+        parts.append(f"<p><b>{to_html(q.question)}</b> <small>({e(q.level)}, {e(q.topic)})</small></p>"
                      f"<details><summary>Answer</summary>{''.join(body)}</details>")
     return "\n".join(parts)
 
