@@ -134,12 +134,19 @@ def _dep(model: str, gpu: str) -> Deployment:
     return Deployment(model, gpu, tp=4 if model == "llama-3.1-70b" else 1)
 
 
+def _fit(dep: Deployment, prompt: int, output: int, *batches: int) -> list[int]:
+    """The drawn batches, clamped to the streams the KV pool holds at this request size."""
+    top = estimate(dep, Scenario(prompt, output)).max_streams
+    return [min(b, top) for b in batches]
+
+
 @settings(max_examples=40, deadline=None)
 @given(model=models, gpu=gpus, prompt=st.integers(1, 4000), output=st.integers(1, 1000),
        b1=st.integers(1, 64), b2=st.integers(1, 64))
 @example(model="llama-3.1-70b", gpu="h100-sxm", prompt=2000, output=300, b1=1, b2=64)
 def test_tpot_and_throughput_grow_with_the_batch(model, gpu, prompt, output, b1, b2):
-    dep, (lo, hi) = _dep(model, gpu), sorted((b1, b2))
+    dep = _dep(model, gpu)
+    lo, hi = sorted(_fit(dep, prompt, output, b1, b2))
     a, b = (estimate(dep, Scenario(prompt, output, batch=x)) for x in (lo, hi))
     assert a.tpot_s <= b.tpot_s and a.output_tokens_per_s <= b.output_tokens_per_s * (1 + 1e-12)
     assert b.gpu_seconds_per_request <= a.gpu_seconds_per_request * (1 + 1e-12)   # batching amortizes weights
@@ -148,11 +155,14 @@ def test_tpot_and_throughput_grow_with_the_batch(model, gpu, prompt, output, b1,
 @settings(max_examples=40, deadline=None)
 @given(model=models, gpu=gpus, p1=st.integers(1, 6000), p2=st.integers(1, 6000), output=st.integers(1, 500),
        batch=st.integers(1, 16))
+@example(model="llama-3.1-8b", gpu="h100-sxm", p1=1, p2=2, output=1, batch=2)
 def test_cost_grows_with_prompt_tokens(model, gpu, p1, p2, output, batch):
     dep, (lo, hi) = _dep(model, gpu), sorted((p1, p2))
+    batch, = _fit(dep, hi, output, batch)
     a, b = (estimate(dep, Scenario(p, output, batch=batch)) for p in (lo, hi))
     assert a.ttft_s <= b.ttft_s and a.prefill_flops <= b.prefill_flops
-    assert a.gpu_seconds_per_request <= b.gpu_seconds_per_request and a.prefill_share <= b.prefill_share + 1e-12
+    assert a.gpu_seconds_per_request <= b.gpu_seconds_per_request
+    # (prefill_share need not grow: a longer prompt also lengthens every decode step's KV read)
 
 
 @settings(max_examples=40, deadline=None)
@@ -169,6 +179,7 @@ def test_physical_bounds(model, gpu, prompt, output, batch, cached_frac):
     """No estimate beats the datasheet: FLOP/s within peak x MFU, a decode step no faster than one weight read,
     TTFT no faster than the prompt's FLOPs at peak; a cache hit never makes a request dearer."""
     dep, eff = _dep(model, gpu), Efficiency()
+    batch, = _fit(dep, prompt, output, batch)
     cached = min(int(cached_frac * prompt), prompt - 1)
     e = estimate(dep, Scenario(prompt, output, cached, batch), eff)
     assert e.achieved_flops <= e.peak_flops * eff.mfu * (1 + 1e-9)
