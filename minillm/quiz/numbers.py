@@ -12,13 +12,22 @@ from typing import Any, Callable
 
 from minillm.fleet import estimator as est
 from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
-from minillm.models.catalog import hardware_spec, model_shape
+from minillm.models.catalog import hardware_spec, model_shape, param_groups
 from minillm.quant.memory import checkpoint_bytes, weight_bytes
 from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
 
 
 def _num_params(model: str) -> int:
     return model_shape(model).num_params()
+
+
+def _params(model: str, group: str = "total") -> int:
+    """Parameters of a catalog model: total, linear (the per-layer matmuls), or embeddings (input table + LM head)."""
+    g = param_groups(model)
+    counts = {"total": g.total, "linear": g.linear, "embeddings": g.embedding + g.lm_head}
+    if group not in counts:
+        raise KeyError(f"unknown parameter group {group!r}; known: {', '.join(counts)}")
+    return counts[group]
 
 
 def _kv_bytes_per_token(model: str, dtype_bytes: float = 2) -> float:
@@ -38,6 +47,7 @@ _EFFICIENCY_ARGS = ("mfu", "mbu", "link", "allreduce_latency_s")
 _MEMORY_FIELDS: dict[str, Callable[[est.MemoryPlan, int], float]] = {   # (plan, tp)
     "weights_bytes": lambda m, tp: m.weights_gb * est.GB,
     "weights_bytes_per_gpu": lambda m, tp: m.weights_gb_per_gpu * est.GB,
+    "usable_bytes": lambda m, tp: m.usable_gb_per_gpu * est.GB * tp,
     "kv_pool_bytes": lambda m, tp: m.kv_gb * est.GB,
     "kv_pool_bytes_per_gpu": lambda m, tp: m.kv_gb * est.GB / tp,
     "kv_tokens": lambda m, tp: m.kv_tokens,
@@ -129,6 +139,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "max_seqs_that_fit": max_seqs_that_fit,        # (config, memory_bytes, weight_bytes, seq_len, dtype_bytes=2)
     "weight_bytes": weight_bytes,                  # (num_params, bits, group_size=None, scale_bits=16)
     "num_params": _num_params,                     # (model)
+    "params": _params,                             # (model, group='total'|'linear'|'embeddings')
     "expected_tokens_per_step": expected_tokens_per_step,  # (alpha, k)
     "expected_speedup": expected_speedup,          # (alpha, k, draft_cost)
     "ratio": _ratio,                               # (a, b, fn)
