@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,84 @@ def test_seed_lock_matches_the_seed_files():
     for name, info in lock.items():
         assert hashlib.sha256((seed_dir / name).read_bytes()).hexdigest() == info["sha256"], f"{name} changed"
         assert [q.line for q in mod.seed_questions(seed_dir) if q.seed == name] == info["question_lines"]
+
+
+# --- labs named by an entry must exist in solutions/, or be marked planned (questions/README.md, Rules) ---
+
+_LAB_NAME = re.compile(r"\blab(\d{2})(?:_\d+)?\b", re.IGNORECASE)   # lab04, Lab01, lab04_2 -> labNN
+
+
+def _written_labs(solutions: Path = REPO / "solutions") -> set[str]:
+    """The labs that exist now: solutions/labNN directories, read when the test runs (a lab may land any day)."""
+    return {p.name for p in solutions.iterdir() if p.is_dir() and re.fullmatch(r"lab\d\d", p.name)}
+
+
+def _entry_texts(entry: dict) -> list[tuple[str, str]]:
+    """(field, text) for every piece of prose a learner reads in an entry."""
+    texts = [("question", entry["question"]), ("answer", entry["answer"]), ("common_mistake", entry["common_mistake"])]
+    texts += [("key_points", t) for k in entry["key_points"]                 # a point may be {point, synonyms}
+              for t in ([k["point"], *k["synonyms"]] if isinstance(k, dict) else [k])]
+    texts += [("follow_ups", f) for f in entry["follow_ups"]]
+    texts += [(f"design.{k}", v) for k, v in (entry.get("design") or {}).items()]
+    return texts
+
+
+def _lab_problems(entry: dict, written: set[str]) -> list[str]:
+    """One line per unwritten lab the entry names without marking it planned, and per stale planned mark."""
+    named: dict[str, list[str]] = {}     # labNN -> the fields that name it
+    for lab in entry["labs"]:
+        named.setdefault(lab.split("_")[0], []).append("labs")
+    for field, text in _entry_texts(entry):
+        for m in _LAB_NAME.finditer(text):
+            fields = named.setdefault(f"lab{m.group(1)}", [])
+            if field not in fields:
+                fields.append(field)
+    planned = set(entry.get("planned_labs") or ())
+    problems = [f"entry {entry['id']!r} names {lab} (in {', '.join(fields)}) but solutions/{lab} does not exist: "
+                f"list it in planned_labs and say what {lab} will show, or cite a lab that exists"
+                for lab, fields in sorted(named.items()) if lab not in written and lab not in planned]
+    problems += [f"entry {entry['id']!r} lists {lab} in planned_labs but solutions/{lab} exists now: drop the mark "
+                 f"and say what {lab} shows, in the present tense" for lab in sorted(planned & written)]
+    problems += [f"entry {entry['id']!r} lists {lab} in planned_labs but names it nowhere: drop the mark"
+                 for lab in sorted(planned - written - set(named))]
+    return problems
+
+
+def test_every_lab_an_entry_names_exists_or_is_marked_planned():
+    written = _written_labs()
+    problems = [f"{path.relative_to(REPO)}: {p}" for path in TOPIC_FILES
+                for entry in read_yaml(path)["questions"] for p in _lab_problems(entry, written)]
+    assert not problems, (f"{len(problems)} lab references to fix (solutions/ holds {', '.join(sorted(written))}):\n"
+                          + "\n".join(problems))
+
+
+def _entry(**fields) -> dict:
+    base = {"id": "x", "question": "q?", "answer": "a", "common_mistake": "m", "key_points": ["k"],
+            "follow_ups": ["f?"], "labs": ["lab04"]}
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize("entry, expected", [
+    (_entry(), []),
+    (_entry(labs=["lab04_2"], answer="Lab04 and minillm.grading.lab04 show it."), []),
+    (_entry(labs=["lab11"]), ["names lab11 (in labs)"]),
+    (_entry(answer="In lab12 you build a router."), ["names lab12 (in answer)"]),
+    (_entry(labs=["lab11_2"], design={"trade_offs": "lab11 sweeps it"}), ["names lab11 (in labs, design.trade_offs)"]),
+    (_entry(follow_ups=["What does LAB08 measure?"], key_points=["see lab08"]), ["names lab08 (in key_points, follow_ups)"]),
+    (_entry(key_points=[{"point": "p", "synonyms": ["as lab12 shows"]}]), ["names lab12 (in key_points)"]),
+    (_entry(labs=["lab11"], answer="lab11 will time it", planned_labs=["lab11"]), []),
+    (_entry(planned_labs=["lab04"]), ["lists lab04 in planned_labs but solutions/lab04 exists now"]),
+    (_entry(planned_labs=["lab12"]), ["lists lab12 in planned_labs but names it nowhere"]),
+    (_entry(answer="lab120 and xlab11 are not lab names"), []),
+])
+def test_lab_problems_names_the_entry_and_the_lab(entry, expected):
+    problems = _lab_problems(entry, written={"lab00", "lab04"})
+    assert len(problems) == len(expected), problems
+    for problem, fragment in zip(problems, expected):
+        assert problem.startswith("entry 'x' ") and fragment in problem, problem
+
+
+def test_written_labs_reads_solutions_when_called(tmp_path):
+    for name in ["lab00", "lab08", "lab1", "README.md", "lab99x"]:
+        (tmp_path / name).mkdir()
+    assert _written_labs(tmp_path) == {"lab00", "lab08"}
