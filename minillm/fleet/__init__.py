@@ -6,9 +6,9 @@ assumption each number makes. The question bank's design answers are checked aga
 """
 from minillm.fleet.estimator import (Deployment, Efficiency, Estimate, MemoryPlan, Scenario, StepTime,
                                      batch_for_tpot, decode_step, estimate, forward_flops, forward_time, memory_plan,
-                                     prefill_time, tp_comm_bytes_per_gpu, tp_comm_seconds)
+                                     prefill_devices, prefill_time, tp_comm_bytes_per_gpu, tp_comm_seconds)
 from minillm.models.catalog import KNOWN_HARDWARE, Hardware, hardware_spec
 
 __all__ = ["Deployment", "Efficiency", "Estimate", "Hardware", "KNOWN_HARDWARE", "MemoryPlan", "Scenario",
            "StepTime", "batch_for_tpot", "decode_step", "estimate", "forward_flops", "forward_time", "hardware_spec",
-           "memory_plan", "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]
+           "memory_plan", "prefill_devices", "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]

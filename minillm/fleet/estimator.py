@@ -261,6 +261,12 @@ def estimate(dep: Deployment, sc: Scenario, eff: Efficiency = Efficiency()) -> E
         peak_flops=dep.tp * dep.gpu.peak_flops(dep.format.compute))
 
 
+def prefill_devices(dep: Deployment, sc: Scenario, requests_per_s: float, eff: Efficiency = Efficiency()) -> float:
+    """Devices kept busy by prefill alone at `requests_per_s`: the size of a disaggregated prefill pool
+    before headroom (its ratio to the decode pool is the P:D ratio)."""
+    return requests_per_s * prefill_time(dep, sc, eff).total_s * dep.tp
+
+
 def batch_for_tpot(dep: Deployment, sc: Scenario, tpot_s: float, eff: Efficiency = Efficiency()) -> int:
     """The largest batch whose TPOT (decode step + interleaved prefills) stays within `tpot_s`, capped by
     what the KV pool holds; 0 when even one stream misses it. TPOT grows with the batch, so bisect."""
@@ -276,5 +282,5 @@ def batch_for_tpot(dep: Deployment, sc: Scenario, tpot_s: float, eff: Efficiency
 
 
 __all__ = ["Deployment", "Efficiency", "Estimate", "MemoryPlan", "Scenario", "StepTime", "batch_for_tpot",
-           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "prefill_time", "tp_comm_bytes_per_gpu",
+           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "prefill_devices", "prefill_time", "tp_comm_bytes_per_gpu",
            "tp_comm_seconds"]

@@ -51,6 +51,7 @@ _MEMORY_FIELDS: dict[str, Callable[[est.MemoryPlan, int], float]] = {   # (plan,
     "kv_pool_bytes": lambda m, tp: m.kv_gb * est.GB,
     "kv_pool_bytes_per_gpu": lambda m, tp: m.kv_gb * est.GB / tp,
     "kv_tokens": lambda m, tp: m.kv_tokens,
+    "kv_bytes_per_token_per_gpu": lambda m, tp: m.kv_bytes_per_token / tp,
 }
 _ESTIMATE_FIELDS: dict[str, Callable[[est.Estimate], float]] = {
     "max_streams": lambda e: e.max_streams,
@@ -119,6 +120,25 @@ def _prefill_flops_per_s(model: str, prompt: int, output: int, output_tokens_per
     return output_tokens_per_s / output * flops
 
 
+def _littles_law(concurrency: float | None = None, rate: float | None = None, latency_s: float | None = None) -> float:
+    """Little's law, L = rate x latency: give two of concurrency (requests in flight), rate (requests/s) and
+    latency_s (seconds each spends in the system); returns the third."""
+    given = [x is not None for x in (concurrency, rate, latency_s)]
+    if sum(given) != 2:
+        raise TypeError("littles_law takes exactly two of concurrency, rate, latency_s")
+    if concurrency is None:
+        return rate * latency_s
+    return concurrency / latency_s if rate is None else concurrency / rate
+
+
+def _prefill_devices(model: str, gpu: str, prompt: int, output: int, requests_per_s: float, cached: int = 0,
+                     **knobs: Any) -> float:
+    """Devices a disaggregated prefill pool keeps busy at requests_per_s (before headroom)."""
+    eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
+    return est.prefill_devices(est.Deployment(model, gpu, **knobs), est.Scenario(prompt, output, cached),
+                               requests_per_s, eff)
+
+
 def _mix(parts: list[list[Any]]) -> float:
     """A traffic-weighted blend: parts = [[share, fn, args], ...], shares summing to 1 (e.g. 70% of requests
     on one deployment and 30% on another: the blended $ per million tokens)."""
@@ -149,6 +169,8 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "batching_speedup": _batching_speedup,         # (model, gpu, batch, context, ...)
     "prefill_flops_per_s": _prefill_flops_per_s,   # (model, prompt, output, output_tokens_per_s, cached=0)
     "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
+    "littles_law": _littles_law,                   # (two of concurrency, rate, latency_s)
+    "prefill_devices": _prefill_devices,           # (model, gpu, prompt, output, requests_per_s, tp=...)
     "mix": _mix,                                   # (parts=[[share, fn, args], ...])
     "tp_comm_bytes": est.tp_comm_bytes_per_gpu,    # (model, tp, tokens): bytes each device sends
 }
@@ -158,7 +180,7 @@ _UNITS = {
     "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
     "K": 1e3, "M": 1e6, "B params": 1e9, "billion": 1e9,
-    "x": 1, "×": 1, "%": 0.01, "tokens": 1,
+    "x": 1, "×": 1, "%": 0.01, "tokens": 1, "requests/s": 1, "requests": 1,
     "µs": 1e-6, "ms": 1e-3, "s": 1, "tok/s": 1, "output tok/s": 1, "K tok/s": 1e3, "tokens/s": 1,
     "TFLOP": 1e12, "PFLOP": 1e15, "TFLOP/s": 1e12, "PFLOP/s": 1e15, "GB/s": 1e9, "TB/s": 1e12,
     "streams": 1, "sequences": 1, "GPUs": 1,
