@@ -131,6 +131,7 @@ class MemoryPlan:
 class Estimate:
     """What one replica does with a Scenario. Times in seconds, FLOPs and bytes unscaled."""
     memory: MemoryPlan
+    devices: int                   # in the replica (= tp)
     max_streams: int               # sequences that fit at full length (prompt + output) with no preemption
     batch: int                     # concurrent decode streams used below
     prefill_flops: float           # one request's uncached prompt
@@ -253,7 +254,7 @@ def estimate(dep: Deployment, sc: Scenario, eff: Efficiency = Efficiency()) -> E
     throughput = batch / tpot
     requests_per_s = throughput / sc.output_tokens
     return Estimate(
-        memory=mem, max_streams=streams, batch=batch, prefill_flops=prefill_flops,
+        memory=mem, devices=dep.tp, max_streams=streams, batch=batch, prefill_flops=prefill_flops,
         decode_flops_per_token=decode_flops, decode_step=step, prefill=pre, ttft_s=pre.total_s, tpot_s=tpot,
         output_tokens_per_s=throughput, gpu_seconds_per_request=gpu_s, prefill_share=pre.total_s * dep.tp / gpu_s,
         usd_per_m_output_tokens=gpu_s / sc.output_tokens * 1e6 * sc.usd_per_gpu_hour / 3600,

@@ -63,6 +63,7 @@ _ESTIMATE_FIELDS: dict[str, Callable[[est.Estimate], float]] = {
     "decode_compute_s": lambda e: e.decode_step.compute_s,
     "decode_comm_s": lambda e: e.decode_step.comm_s,
     "output_tokens_per_s": lambda e: e.output_tokens_per_s,
+    "output_tokens_per_s_per_gpu": lambda e: e.output_tokens_per_s / e.devices,
     "gpu_seconds_per_request": lambda e: e.gpu_seconds_per_request,
     "prefill_share": lambda e: e.prefill_share,
     "usd_per_m_output_tokens": lambda e: e.usd_per_m_output_tokens,
@@ -139,6 +140,11 @@ def _prefill_devices(model: str, gpu: str, prompt: int, output: int, requests_pe
                                requests_per_s, eff)
 
 
+def _units_needed(demand: float, fn: str, args: dict[str, Any]) -> float:
+    """demand / fn(**args): e.g. 60K output tok/s over one replica's output_tokens_per_s = replicas needed."""
+    return demand / FUNCTIONS[fn](**args)
+
+
 def _mix(parts: list[list[Any]]) -> float:
     """A traffic-weighted blend: parts = [[share, fn, args], ...], shares summing to 1 (e.g. 70% of requests
     on one deployment and 30% on another: the blended $ per million tokens)."""
@@ -171,6 +177,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
     "littles_law": _littles_law,                   # (two of concurrency, rate, latency_s)
     "prefill_devices": _prefill_devices,           # (model, gpu, prompt, output, requests_per_s, tp=...)
+    "units_needed": _units_needed,                 # (demand, fn, args): demand / fn(**args)
     "mix": _mix,                                   # (parts=[[share, fn, args], ...])
     "tp_comm_bytes": est.tp_comm_bytes_per_gpu,    # (model, tp, tokens): bytes each device sends
 }
