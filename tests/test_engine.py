@@ -1,7 +1,9 @@
 """The continuous-batching engine against the one-request-at-a-time reference path (tiny random models)."""
+from collections import Counter
+
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.simple import SimpleGenerator
@@ -10,6 +12,7 @@ from tests.tiny_models import random_model
 
 MODEL = random_model(seed=0, heads=4, kv_heads=2, layers=2, vocab=128)
 GQA_MODEL = random_model(seed=1, heads=6, kv_heads=1, layers=1, vocab=128)
+MODELS = {"h4kv2": MODEL, "h6kv1": GQA_MODEL}          # by name: a failing example prints the name, not the model
 _ref_cache: dict = {}
 
 
@@ -55,18 +58,86 @@ request_sets = st.lists(st.tuples(st.lists(st.integers(3, 127), min_size=1, max_
                         min_size=1, max_size=6)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
-@given(reqs=request_sets, block_size=st.sampled_from([1, 2, 4, 8, 16]), budget=st.integers(4, 64),
-       max_seqs=st.integers(1, 8), spare_blocks=st.integers(0, 12), prefix=st.booleans(),
-       arrival_gaps=st.lists(st.integers(0, 3), min_size=6, max_size=6), model=st.sampled_from([MODEL, GQA_MODEL]))
-def test_engine_greedy_equals_one_at_a_time(reqs, block_size, budget, max_seqs, spare_blocks, prefix, arrival_gaps, model):
-    requests = [(p, SamplingParams(temperature=0, max_tokens=m)) for p, m in reqs]
-    longest = max(len(p) + m for p, m in reqs)
+# ---------------------------------------------------------------- what a run exercised, seen from the step observer
+
+def watch(engine: LLMEngine) -> Counter:
+    """Count, over the engine's steps from now on, the hard paths of the scheduler and the runner, from what the step
+    observer shows (the scheduled (sequence, n) pairs, the preempted, the queues as each step began):
+    chunk: a prefill chunk that stops short of the sequence's end (no token sampled from it);
+    preemption: a running sequence sent back to the queue;
+    prefix_hit: a sequence admitted with cached tokens already in the KV cache;
+    recompute_across_prompt_end: after a preemption, one chunk that holds the prompt's last token and generated ones
+    (_sampled: and reaches the sequence's end, so the next token comes from its last row);
+    chunk_after_hit: a prefill chunk whose sequence started from cached blocks, cut short."""
+    seen: Counter = Counter()
+    hit_seqs: set[int] = set()
+
+    def observe(info) -> None:
+        waiting = {id(s.seq): s for s in info.waiting_before}
+        before = {id(s.seq): s for s in info.running_before} | waiting
+        seen["preemption"] += len(info.scheduler_output.preempted)
+        for seq, n in info.scheduler_output.scheduled:
+            start = seq.num_computed_tokens - n            # committed at the end of the step: start + n
+            if id(seq) in waiting and start > 0:
+                seen["prefix_hit"] += 1
+                hit_seqs.add(id(seq))
+            if start + n < before[id(seq)].num_tokens:
+                seen["chunk"] += 1
+                seen["chunk_after_hit"] += id(seq) in hit_seqs
+            if start < seq.num_prompt_tokens < start + n:
+                seen["recompute_across_prompt_end"] += 1
+                seen["recompute_across_prompt_end_sampled"] += start + n == before[id(seq)].num_tokens
+        seen["steps"] += 1
+
+    engine.add_step_observer(observe)
+    return seen
+
+
+# Over every example the property below runs (explicit and generated): what they exercised, and how many examples
+# exercised chunked prefill, preemption and prefix-cache hits all together.
+PROPERTY_SEEN: Counter = Counter()
+
+# Examples built to reach every hard path in one run (test_each_hard_example_exercises_what_it_was_built_for
+# checks that each still does): found by a search over small pools, budgets and shared prefixes.
+HARD_PATHS = ("chunk", "preemption", "prefix_hit", "chunk_after_hit", "recompute_across_prompt_end")
+SAMPLED = "recompute_across_prompt_end_sampled"
+HARD_EXAMPLES = {   # name: (the example, what it must exercise besides HARD_PATHS)
+    # preempted while decoding, re-admitted on its own cached blocks (its system prompt evicted or not), then its
+    # last prompt token and its generated tokens are recomputed in one chunk that ends the sequence
+    "block1": (dict(reqs=[(True, [91, 27, 81, 51], 4), (True, [50, 82, 51], 2)], system=[122, 80, 30, 3],
+                    block_size=1, budget=5, max_seqs=3, spare_blocks=0, prefix=True, arrival_gaps=[1, 1, 2, 0, 0, 0],
+                    model="h4kv2"), (SAMPLED,)),
+    "block2": (dict(reqs=[(True, [111, 80, 15, 68], 4), (True, [50, 87], 3)], system=[30, 50, 11, 68], block_size=2,
+                    budget=3, max_seqs=2, spare_blocks=0, prefix=True, arrival_gaps=[2, 1, 0, 0, 0, 1],
+                    model="h4kv2"), (SAMPLED,)),
+    "block4": (dict(reqs=[(True, [60, 108, 3], 3), (True, [50], 7)], system=[65, 66, 12, 71, 42, 99, 33, 64],
+                    block_size=4, budget=6, max_seqs=3, spare_blocks=1, prefix=True, arrival_gaps=[1, 2, 2, 0, 2, 2],
+                    model="h6kv1"), (SAMPLED,)),
+    # the recompute across the prompt's end is itself cut short by the budget: the next chunk ends it
+    "block2_chunked_recompute": (dict(reqs=[(True, [101, 98], 8), (False, [111, 52, 123], 7)], system=[99, 29, 21, 75],
+                                      block_size=2, budget=4, max_seqs=2, spare_blocks=1, prefix=True,
+                                      arrival_gaps=[0, 0, 1, 0, 1, 0], model="h4kv2"), ()),
+    "block8_chunked_recompute": (dict(reqs=[(True, [104], 6), (True, [77, 100, 98], 4)],
+                                      system=[83, 7, 104, 89, 19, 58, 27, 117, 127, 75, 81, 25], block_size=8,
+                                      budget=8, max_seqs=2, spare_blocks=0, prefix=True,
+                                      arrival_gaps=[1, 0, 1, 1, 1, 0], model="h6kv1"), ()),
+}
+
+
+def check_engine_equals_one_at_a_time(reqs, system, block_size, budget, max_seqs, spare_blocks, prefix, arrival_gaps,
+                                      model) -> Counter:
+    """reqs: (starts with the shared `system` prefix?, own tokens, max_tokens). Runs the engine greedy with a pool of
+    the longest request's blocks + spare_blocks and the given token budget, checks every request's output against
+    the one-request-at-a-time reference and the pool against leaks; returns what the run exercised (watch())."""
+    model = MODELS[model]
+    requests = [((system if shared else []) + own, SamplingParams(temperature=0, max_tokens=m)) for shared, own, m in reqs]
+    longest = max(len(p) + params.max_tokens for p, params in requests)
     # the pool holds the longest request plus a few blocks: small enough to force preemption
     num_blocks = -(-longest // block_size) + spare_blocks
     engine = LLMEngine.from_model(model, num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_seqs,
                                   max_num_batched_tokens=budget, enable_prefix_caching=prefix)
     arrivals = [sum(arrival_gaps[:i]) for i in range(len(requests))]
+    seen = watch(engine)
 
     def check(e: LLMEngine):
         e.block_manager.check_invariants()
@@ -75,9 +146,71 @@ def test_engine_greedy_equals_one_at_a_time(reqs, block_size, budget, max_seqs, 
     for i, (p, params) in enumerate(requests):
         assert done[str(i)] == reference(model, p, params), f"request {i} differs"
     assert engine.block_manager.num_free_blocks == num_blocks  # everything back in the pool
+    assert seen["prefix_hit"] <= engine.block_manager.stats.hits  # each admission with cached tokens hit >= 1 block
+    return seen
+
+
+tokens = st.integers(3, 127)
+
+
+def with_hard_examples(test):
+    for kw, _ in HARD_EXAMPLES.values():
+        test = example(**kw)(test)
+    return test
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@with_hard_examples
+# boundaries: a one-token prompt; a prompt exactly filling a block; a budget of 1 token; a pool of exactly the
+# longest request's blocks, one sequence at a time
+@example(reqs=[(False, [5], 1)], system=[], block_size=1, budget=1, max_seqs=1, spare_blocks=0, prefix=True,
+         arrival_gaps=[0] * 6, model="h4kv2")
+@example(reqs=[(True, [], 3), (True, [9], 2)], system=[5, 6, 7, 8], block_size=4, budget=4, max_seqs=2,
+         spare_blocks=0, prefix=True, arrival_gaps=[0, 1, 0, 0, 0, 0], model="h4kv2")
+@example(reqs=[(False, [5, 6, 7], 4), (False, [8, 9], 4)], system=[], block_size=2, budget=1, max_seqs=2,
+         spare_blocks=0, prefix=False, arrival_gaps=[0] * 6, model="h6kv1")
+@given(reqs=st.lists(st.tuples(st.sampled_from([True, True, False]), st.lists(tokens, min_size=1, max_size=14),
+                               st.one_of(st.integers(4, 16), st.integers(1, 3))), min_size=2, max_size=6),
+       system=st.one_of(st.lists(tokens, min_size=8, max_size=24), st.lists(tokens, max_size=3)),
+       block_size=st.sampled_from([1, 2, 4, 8, 16]),
+       budget=st.one_of(st.integers(1, 8), st.integers(9, 64)), max_seqs=st.integers(1, 8),
+       spare_blocks=st.one_of(st.integers(0, 2), st.integers(3, 12)), prefix=st.sampled_from([True, True, False]),
+       arrival_gaps=st.lists(st.integers(0, 3), min_size=6, max_size=6), model=st.sampled_from(list(MODELS)))
+def test_engine_greedy_equals_one_at_a_time(reqs, system, block_size, budget, max_seqs, spare_blocks, prefix,
+                                            arrival_gaps, model):
+    seen = check_engine_equals_one_at_a_time(reqs, system, block_size, budget, max_seqs, spare_blocks, prefix,
+                                             arrival_gaps, model)
+    PROPERTY_SEEN.update(seen)
+    PROPERTY_SEEN["examples"] += 1
+    PROPERTY_SEEN["all_three"] += bool(seen["chunk"] and seen["preemption"] and seen["prefix_hit"])
+
+
+def test_the_property_reached_chunks_preemptions_and_prefix_hits_together():
+    """The property above is only as strong as the paths it reached: over its examples, prefill chunks,
+    preemptions, prefix-cache hits, chunks after a hit and recomputes across the prompt's end all happened, and
+    every hard example (at least) had chunks, preemptions and hits in the same run."""
+    if not PROPERTY_SEEN["examples"]:
+        test_engine_greedy_equals_one_at_a_time()          # selected alone: run the property here
+    print(dict(PROPERTY_SEEN))
+    for what in HARD_PATHS + (SAMPLED,):
+        assert PROPERTY_SEEN[what] > 0, (what, PROPERTY_SEEN)
+    assert PROPERTY_SEEN["all_three"] >= len(HARD_EXAMPLES), PROPERTY_SEEN
+
+
+@pytest.mark.parametrize("name", list(HARD_EXAMPLES))
+def test_each_hard_example_exercises_what_it_was_built_for(name):
+    kw, more = HARD_EXAMPLES[name]
+    seen = check_engine_equals_one_at_a_time(**kw)
+    for what in HARD_PATHS + more:
+        assert seen[what] > 0, (what, seen)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
+# a budget of one token (every prompt chunked to single tokens); a prompt of exactly one block, budget = one block;
+# one sequence at a time with a one-token prompt
+@example(reqs=[([5, 6, 7], 2), ([8], 3)], budget=1, max_seqs=6, block_size=2)
+@example(reqs=[([5, 6, 7, 8], 2), ([9, 10, 11, 12, 13], 2)], budget=4, max_seqs=2, block_size=4)
+@example(reqs=[([5], 1), ([6], 1)], budget=48, max_seqs=1, block_size=8)
 @given(reqs=request_sets, budget=st.integers(1, 48), max_seqs=st.integers(1, 6), block_size=st.sampled_from([2, 4, 8]))
 def test_every_step_respects_budget_and_max_seqs(reqs, budget, max_seqs, block_size):
     engine = LLMEngine.from_model(MODEL, num_blocks=200, block_size=block_size, max_num_seqs=max_seqs,
