@@ -126,6 +126,12 @@ class MemoryPlan:
     kv_bytes_per_token: float      # whole replica, every layer, K and V (replicated KV heads counted)
     kv_tokens: int                 # tokens of KV the pool holds, all sequences together
 
+    @property
+    def offloaded_gb(self) -> float:
+        """Weights that do not fit in the usable HBM and would have to live in host memory (0 when they fit):
+        each decode step would stream them over the host link."""
+        return max(0.0, -self.kv_gb)
+
 
 @dataclass(frozen=True)
 class Estimate:

@@ -52,6 +52,7 @@ _MEMORY_FIELDS: dict[str, Callable[[est.MemoryPlan, int], float]] = {   # (plan,
     "kv_pool_bytes_per_gpu": lambda m, tp: m.kv_gb * est.GB / tp,
     "kv_tokens": lambda m, tp: m.kv_tokens,
     "kv_bytes_per_token_per_gpu": lambda m, tp: m.kv_bytes_per_token / tp,
+    "offloaded_weight_bytes": lambda m, tp: m.offloaded_gb * est.GB,
 }
 _ESTIMATE_FIELDS: dict[str, Callable[[est.Estimate], float]] = {
     "max_streams": lambda e: e.max_streams,
@@ -145,6 +146,11 @@ def _units_needed(demand: float, fn: str, args: dict[str, Any]) -> float:
     return demand / FUNCTIONS[fn](**args)
 
 
+def _scaled(factor: float, fn: str, args: dict[str, Any]) -> float:
+    """fn(**args) x factor: bytes x (1 / link bandwidth) = seconds to move them, and the like."""
+    return factor * FUNCTIONS[fn](**args)
+
+
 def _mix(parts: list[list[Any]]) -> float:
     """A traffic-weighted blend: parts = [[share, fn, args], ...], shares summing to 1 (e.g. 70% of requests
     on one deployment and 30% on another: the blended $ per million tokens)."""
@@ -178,6 +184,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "littles_law": _littles_law,                   # (two of concurrency, rate, latency_s)
     "prefill_devices": _prefill_devices,           # (model, gpu, prompt, output, requests_per_s, tp=...)
     "units_needed": _units_needed,                 # (demand, fn, args): demand / fn(**args)
+    "scaled": _scaled,                             # (factor, fn, args): fn(**args) x factor
     "mix": _mix,                                   # (parts=[[share, fn, args], ...])
     "tp_comm_bytes": est.tp_comm_bytes_per_gpu,    # (model, tp, tokens): bytes each device sends
 }
