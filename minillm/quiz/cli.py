@@ -16,7 +16,8 @@ lab that demonstrates it).
 
 A round: the question is shown; answer aloud, or type your answer (a blank line ends it). The
 project's answer appears with its key points as a checklist, the common mistake, the labs and the
-code that backs it. Rate yourself: again / hard / good / easy (a/h/g/e or 1-4; q quits).
+code that backs it, wrapped to the terminal's width. Rate yourself: again / hard / good / easy
+(a/h/g/e or 1-4; q quits): one key press on a terminal, a line (key + Enter) from a pipe.
 
 Scheduling (SM-2 spaced repetition, per question): "again" restarts a question at 1 day; hard, good
 and easy grow its interval (1 day, 6 days, then interval x ease). Ease starts at 2.5, falls on hard
@@ -24,9 +25,14 @@ and again, rises on easy, never below 1.3. A round asks overdue questions first,
 (levels interleaved), then the rest by due date, so there is always something to practise.
 
 Typed answers: a key point is ticked [x] when at least 60% of its content words appear in your
-text (after lower-casing, dropping punctuation and stopwords, crude stemming; hyphenated terms
-such as copy-on-write must appear as a phrase). It is a keyword match, not a judge: it cannot tell
-a right statement from a wrong one that uses the same words.
+text (after lower-casing, dropping punctuation and stopwords, crude stemming so batched = batching;
+KV-cache = kv cache = kvcache; hyphenated terms such as copy-on-write must appear whole), or 60% of
+one of the synonyms the bank lists for it; under each tick it shows the words that matched. It is
+a keyword match, not a judge: it cannot tell a right statement from a wrong one that uses the same
+words.
+
+Filters (--topic, --level, --lab) ignore case, apply to --list and --export too, and an unknown
+value is an error that lists the valid ones.
 
 Progress is saved after every rating, per user, to $MINILLM_DATA_DIR/quiz.json, else
 $XDG_DATA_HOME/minillm/quiz.json, else ~/.local/share/minillm/quiz.json. If that directory is not

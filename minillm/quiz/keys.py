@@ -7,6 +7,7 @@ returns None and the caller reads lines instead.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import select
 import time
@@ -23,10 +24,11 @@ class KeyReader:
     @classmethod
     def for_stream(cls, stream: TextIO) -> "KeyReader | None":
         """A reader for `stream` when it is a terminal and termios exists, else None."""
+        if importlib.util.find_spec("termios") is None:     # POSIX only
+            return None
         try:
-            import termios  # noqa: F401  (POSIX only)
             fd = stream.fileno()
-        except (ImportError, AttributeError, OSError, ValueError):
+        except (AttributeError, OSError, ValueError):
             return None
         return cls(fd) if os.isatty(fd) else None
 

@@ -10,7 +10,7 @@ import textwrap
 
 # A fence: ``` (optionally ```lang) on its own line, the code, ``` on its own line.
 _FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```[ \t]*$", re.M | re.S)
-_CODE = re.compile(r"`([^`\n]+)`")
+_CODE = re.compile(r"`([^`\s](?:[^`\n]*[^`\s])?)`")     # `x`, `a b`; not ` ` or a lone tick
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 
 
