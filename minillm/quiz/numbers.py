@@ -197,7 +197,7 @@ _UNITS = {
     "x": 1, "×": 1, "%": 0.01, "tokens": 1, "requests/s": 1, "requests": 1,
     "µs": 1e-6, "ms": 1e-3, "s": 1, "tok/s": 1, "output tok/s": 1, "K tok/s": 1e3, "tokens/s": 1,
     "TFLOP": 1e12, "PFLOP": 1e15, "TFLOP/s": 1e12, "PFLOP/s": 1e15, "GB/s": 1e9, "TB/s": 1e12,
-    "streams": 1, "sequences": 1, "GPUs": 1,
+    "streams": 1, "sequences": 1, "conversations": 1, "GPUs": 1,
 }
 _CLAIM = re.compile(r"^~?\s*\$?([0-9][0-9,]*(?:\.[0-9]+)?)\s*(.*?)\s*$")
 
