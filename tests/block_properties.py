@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from minillm.grading.core import fail as _fail
-from minillm.testing import Driver, snapshot
+from minillm.testing import Driver, snapshot, table_of
 
 
 def _prompt(*blocks: Sequence[int], tail: Sequence[int] = (99,)) -> list[int]:
@@ -181,6 +181,57 @@ def check_collision_detection(cls) -> None:
     d.prefill(4)
     d.check()
     d.free_all()
+
+
+def _tokens_only_hash(parent, tokens) -> int:
+    return hash(tuple(tokens))       # ints hash the same in every process: deterministic
+
+
+def check_reused_parent_block(cls) -> None:
+    """A cached block whose parent block was evicted and reused for other content must not match: its KV was
+    computed after the parent's old content. With the chained hash the chain itself differs; with a hash of the
+    block's tokens only, the cached entry has the right tokens and the right parent *block id*, so only the
+    parent's identity (which content it held) can refuse it.
+
+    F and S compute the same first block (1, 2) at once, so S's next block (5, 6) is cached as the child of F's
+    block; F finishes and its block, evicted, is reused by B for (8, 8) at position 0; [8, 8, 5, 6, ...] then
+    finds (8, 8) in that very block, and (5, 6) under it -- a wrong hit unless the parent's identity is checked."""
+    bs = 2
+    for hash_fn in (None, _tokens_only_hash):
+        kw = {} if hash_fn is None else {"hash_fn": hash_fn}
+        what = "the default chained hash" if hash_fn is None else "a hash of the block's tokens only"
+        d = Driver(cls, 6, bs, **kw)
+        d.admit(1, [1, 2, 7])
+        d.admit(2, [1, 2, 5, 6, 7])          # admitted before 1 commits: computes its own copy of (1, 2)
+        d.prefill(1)
+        d.prefill(2)                         # its (5, 6) is cached as the child of 1's block (1, 2)
+        d.check()
+        parent = table_of(d.bm, 1)[0]
+        d.free(1)                            # (1, 2) cached, evictable
+        d.admit(3, [10, 11, 12, 13])
+        d.prefill(3)                         # takes the two free blocks: (1, 2) is the only evictable one
+        d.admit(4, [8, 8])
+        d.prefill(4)                         # evicts (1, 2) and writes (8, 8) at position 0 into its block
+        d.check()
+        if table_of(d.bm, 4)[0] != parent:
+            _fail(f"with one evictable block ({parent}) and no free one, a new block must come from evicting it; "
+                  f"got block {table_of(d.bm, 4)[0]}")
+        collisions = getattr(getattr(d.bm, "stats", None), "collisions", None)
+        d.free(3)
+        try:
+            cached = d.admit(5, [8, 8, 5, 6, 0])
+        except AssertionError as e:
+            _fail(f"{what}: a block cached after (1, 2) matched under (8, 8), which now lives in the reused parent "
+                  f"block {parent}: the cached entry must remember which content its parent held, not only its block "
+                  f"id ({e})")
+        if cached != bs:
+            _fail(f"{what}: [8, 8, 5, 6, 0] must reuse exactly (8, 8) ({bs} tokens), got {cached}")
+        if hash_fn is not None and collisions is not None and d.bm.stats.collisions <= collisions:
+            _fail(f"{what}: the hash hit on (5, 6) cached under the old parent was refused but not counted in "
+                  "stats.collisions")
+        d.prefill(5)
+        d.check()
+        d.free_all()
 
 
 def check_prefix_cap(cls) -> None:
@@ -411,7 +462,8 @@ def check_random_ops(cls, *, max_examples: int = 150, step_count: int = 30, shri
 
 
 DIRECTED_CHECKS = (check_bad_input, check_prefix_reuse, check_hash_chaining, check_prefix_cap, check_fork_cow,
-                   check_all_or_nothing, check_lru_eviction, check_collision_detection, check_prefix_caching_disabled)
+                   check_all_or_nothing, check_lru_eviction, check_collision_detection, check_reused_parent_block,
+                   check_prefix_caching_disabled)
 
 
 def check_block_manager_properties(cls, *, random_examples: int = 150) -> None:

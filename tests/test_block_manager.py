@@ -335,6 +335,16 @@ class WrongEvictsMostRecent(BlockManager):
     evictor_cls = MRUEvictor
 
 
+class WrongNoIdentityOnReuse(BlockManager):
+    """A block taken from the pool (free or evicted) keeps its identity: cached children of its old content still
+    name it as their parent (the parent reference is the bare block id)."""
+
+    def take_block(self):
+        b = super().take_block()
+        self._gen[b] -= 1          # undo the new identity the real manager gives reused blocks
+        return b
+
+
 class WrongPartialAllocation(BlockManager):
     """append_slots grabs blocks one at a time and raises midway when the pool runs dry."""
 
@@ -355,6 +365,7 @@ WRONG = {
     WrongNoCollisionCheck: props.check_collision_detection,
     WrongEvictsMostRecent: props.check_lru_eviction,
     WrongPartialAllocation: props.check_all_or_nothing,
+    WrongNoIdentityOnReuse: props.check_reused_parent_block,
 }
 
 
