@@ -160,6 +160,16 @@ def _mix(parts: list[list[Any]]) -> float:
     return sum(share * FUNCTIONS[fn](**args) for share, fn, args in parts)
 
 
+def _spec(gpu: str, field: str) -> float:
+    """A datasheet figure of a catalog accelerator in base units: memory (bytes), hbm (bytes/s), link (bytes/s,
+    one direction), domain (devices per scale-up domain)."""
+    h = hardware_spec(gpu)
+    specs = {"memory": h.memory_gb * 1e9, "hbm": h.hbm_gb_s * 1e9, "link": h.link_gb_s * 1e9, "domain": h.domain}
+    if field not in specs:
+        raise KeyError(f"unknown spec {field!r}; known: {', '.join(specs)}")
+    return specs[field]
+
+
 def _peak_flops(gpu: str, dtype: str = "bf16", n: int = 1) -> float:
     return n * hardware_spec(gpu).peak_flops(dtype)
 
@@ -181,6 +191,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "batching_speedup": _batching_speedup,         # (model, gpu, batch, context, ...)
     "prefill_flops_per_s": _prefill_flops_per_s,   # (model, prompt, output, output_tokens_per_s, cached=0)
     "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
+    "spec": _spec,                                 # (gpu, field='memory'|'hbm'|'link'|'domain')
     "littles_law": _littles_law,                   # (two of concurrency, rate, latency_s)
     "prefill_devices": _prefill_devices,           # (model, gpu, prompt, output, requests_per_s, tp=...)
     "units_needed": _units_needed,                 # (demand, fn, args): demand / fn(**args)
