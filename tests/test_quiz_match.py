@@ -89,7 +89,7 @@ CASES = [
               "batch sizes where the GPU is compute-bound."),
     dict(id="prefix-caching", key_points=[
         {"point": "A token's KV depends only on earlier tokens, so identical prefixes have identical KV",
-         "synonyms": ["the same prefix gives the same keys and values"]},
+         "synonyms": ["same prefix tokens give the same keys and values"]},
         {"point": "Chained block hash h_i = hash(h_{i-1}, tokens_i): only full blocks, ref-counted and shared",
          "synonyms": ["each full block hashed together with the previous block's hash",
                       "reference-counted blocks shared between requests"]},
@@ -174,7 +174,7 @@ def test_synonyms_tick_points_that_the_points_own_words_miss():
     gained = [i for i, (a, b) in enumerate(zip(plain, with_synonyms)) if b and not a]
     assert len(gained) >= 2 and not any(a and not b for a, b in zip(plain, with_synonyms))
     why = explain(case["good"], q.key_points[gained[0]], q.synonyms[gained[0]])
-    assert why.hit and why.via in q.synonyms[gained[0]] and why.reason().startswith(f'via "{why.via}": ')
+    assert why.hit and why.via in q.synonyms[gained[0]] and why.reason().startswith(f'matched via "{why.via}": ')
 
 
 def test_the_banks_synonyms_load_from_yaml():
@@ -205,6 +205,10 @@ def test_explain_names_the_words_that_matched():
     ("we summed the tokens", "sum of tokens", True),
     ("allocated on demand", "allocation on demand", True),
     ("the of and to a", "the cache", False),                  # stopwords alone never match
+    ("it cuts the time to first token", "lower TTFT", False),  # 1 of 2 units: "lower" is missing
+    ("it lowers the time to first token", "lower TTFT", True),     # an abbreviation matches its words ...
+    ("prefix hits lower TTFT", "lower time to first token", True),  # ... either way round
+    ("the first token took some time", "TTFT", True),         # (a keyword match: word order is not checked)
 ])
 def test_variants_that_are_the_same_term(answer, point, hit):
     assert match_key_points(answer, [point]) == [hit]

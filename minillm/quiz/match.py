@@ -35,6 +35,14 @@ NUMBER_WORDS = {
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
 
+# Abbreviations a candidate may spell out, or a key point may (and the other side not): either form matches.
+ABBREVIATIONS = {
+    "ttft": "time to first token", "tpot": "time per output token", "itl": "inter-token latency",
+    "kv": "key value", "lru": "least recently used", "gqa": "grouped-query attention",
+    "mqa": "multi-query attention", "mha": "multi-head attention", "dfa": "deterministic finite automaton",
+    "cfg": "context-free grammar", "hbm": "high-bandwidth memory", "slo": "service level objective",
+}
+
 _KEEP_ING = frozenset({"string", "thing", "during", "bring", "spring", "nothing", "something"})
 
 
@@ -117,14 +125,21 @@ def _units(phrase: str) -> list[_Unit]:
     return [u for u in units if not (u.parts in seen or seen.add(u.parts))]
 
 
+def _expansion(abbreviation: str) -> set[str]:
+    return {t for t in tokens(ABBREVIATIONS[abbreviation]) if t not in STOPWORDS}
+
+
 def _found(units: list[_Unit], answer: list[str]) -> list[bool]:
     """Per unit: does the answer contain it? Adjacent answer tokens also count run together ("kv cache" in the
     answer matches "kvcache" in a key point), and adjacent key-point units do too ("kvcache" in the answer
-    matches "kv cache" in the key point)."""
+    matches "kv cache" in the key point). An abbreviation matches its words spelled out, either way round."""
     vocab = set(answer) | {a + b for a, b in zip(answer, answer[1:])}
+    vocab |= {w for a in vocab & ABBREVIATIONS.keys() for w in _expansion(a)}     # "ttft" -> time, first, token
 
     def has(parts: tuple[str, ...]) -> bool:
         if "".join(parts) in vocab:                      # a word, or a compound run together ("kvcache")
+            return True
+        if len(parts) == 1 and parts[0] in ABBREVIATIONS and _expansion(parts[0]) <= vocab:
             return True
         n = len(parts)
         return any(tuple(answer[i:i + n]) == parts for i in range(len(answer) - n + 1))
@@ -146,11 +161,12 @@ class PointMatch:
     via: str | None = None          # the synonym that scored best; None when the key point's own words did
 
     def reason(self) -> str:
-        """'matched: kv, cache, layers' or 'via "paged KV": paged, kv' (empty when nothing matched)."""
+        """'matched: kv, cache, layers', 'matched via "paged KV": paged, kv', 'partly: kv' (a point not ticked),
+        or '' when no word matched."""
         if not self.matched:
             return ""
-        words = ", ".join(self.matched)
-        return f'via "{self.via}": {words}' if self.via else f"matched: {words}"
+        how = ("matched" if self.hit else "partly") + (f' via "{self.via}"' if self.via else "")
+        return f"{how}: {', '.join(self.matched)}"
 
 
 def _score(typed_tokens: list[str], phrase: str) -> tuple[float, tuple[str, ...], tuple[str, ...]]:

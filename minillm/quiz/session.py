@@ -138,7 +138,7 @@ class QuizSession:
             for kp, m in zip(q.key_points, matches):
                 mark = "[x]" if m.hit else "[ ]"
                 self._lines(bullet(mark, kp, w), mark, "green" if m.hit else "red")
-                why = m.reason() if m.hit else (f"partly: {', '.join(m.matched)}" if m.matched else "")
+                why = m.reason()
                 if why:
                     self._print(s("\n".join(wrap(f"({why})", w, "      ")), "dim"))
         else:
