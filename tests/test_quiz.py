@@ -356,6 +356,7 @@ def test_show_and_render_a_labs_questions(bank_dir, capsys):
     assert "Question kv-size" in out and "<details>" in out and "Question kv-what" not in out
     with pytest.raises(SelectionError, match="valid labs: lab00"):
         render(lab="lab42", bank=bank)
+    assert render(lab="LAB12", bank=bank).startswith("# Interview questions for lab12 (from one engine to a fleet)")
 
 
 # ---- CLI -------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
-from minillm.quiz.bank import Bank, Question, load_bank
+from minillm.quiz.bank import Bank, Question, load_bank, normalize_lab, normalize_topic
 from minillm.quiz.export import _design, _html_list, _lab_label, to_markdown
 from minillm.quiz.markup import to_html
 
@@ -45,9 +45,9 @@ def _html(questions: Sequence[Question], title: str) -> str:
 
 def render(lab: str | None = None, topic: str | None = None, level: str | None = None, fmt: str = "markdown",
            bank: Bank | None = None) -> str:
-    """The selected questions as 'markdown' or 'html' text."""
+    """The selected questions as 'markdown' or 'html' text (filters compared case-insensitively)."""
     bank, questions = _select(bank, lab, topic, level)
-    title = _title(lab, topic, bank)
+    title = _title(normalize_lab(lab) if lab else None, normalize_topic(topic, bank.topics) if topic else None, bank)
     if fmt == "html":
         return _html(questions, title)
     if fmt == "markdown":
