@@ -79,3 +79,61 @@ def test_config_keys_that_change_the_math_are_refused(change, words):
     config_from_hf(base)
     with pytest.raises(ModelLoadError, match=words):
         config_from_hf({**base, **change})
+
+
+# ---------------------------------------------------------------- dynamic NTK scaling past the trained length
+
+DYNAMIC_MAX_POS = 32
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+def test_dynamic_ntk_logits_match_transformers_past_the_maximum_position(tmp_path, factor):
+    """Dynamic NTK scaling grows RoPE's base once a sequence outgrows max_position_embeddings (32 here): the logits
+    of whole sequences of 32, 33 and 80 tokens equal transformers' (lengths in increasing order: transformers keeps
+    the frequencies of the longest sequence it has seen). Past 32 the same weights without the scaling give other
+    logits, so the comparison does see the scaling."""
+    from minillm.layers.rotary import RotaryEmbedding
+    hf = make_hf_model(seed=7, rope={"rope_type": "dynamic", "factor": factor}, max_pos=DYNAMIC_MAX_POS)
+    ours = load_minillm_from_dir(save_hf_dir(hf, tmp_path / "m"))
+    unscaled = load_minillm_from_dir(tmp_path / "m")
+    unscaled.rotary = RotaryEmbedding(ours.cfg.head_dim, ours.cfg.rope_theta, DYNAMIC_MAX_POS, None)
+    for n in (32, 33, 80):
+        ids = torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            ref = hf(ids).logits[0].float()
+        assert (minillm_logits(ours, ids[0].tolist()) - ref).abs().max().item() <= 1e-4, n
+        gap = (minillm_logits(unscaled, ids[0].tolist()) - ref).abs().max().item()
+        assert gap > 0.05 if n > DYNAMIC_MAX_POS else gap <= 1e-4, (n, gap)
+
+
+def test_dynamic_ntk_generation_past_the_maximum_position_matches_transformers_in_a_batch(tmp_path):
+    """Greedy generation of 24 tokens after a 24-token prompt (so past max_position_embeddings = 32) equals
+    transformers' generate with its KV cache (each step scaled for the sequence's length then), also when the
+    engine runs the request in one batch with a 56-token one: each sequence is scaled for its own length, never for
+    the batch's furthest position (the engine did that: the short request's output changed with the batch)."""
+    from minillm.engine.llm_engine import LLMEngine
+    from minillm.sampling.params import SamplingParams
+    from tests.test_engine import run_engine
+    hf = make_hf_model(seed=11, rope={"rope_type": "dynamic", "factor": 4.0}, max_pos=DYNAMIC_MAX_POS)
+    ours = load_minillm_from_dir(save_hf_dir(hf, tmp_path / "m"))
+    prompts = [torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n)) for n in (24, 56)]
+    new = [24, 6]
+    with torch.no_grad():
+        want = [hf.generate(p, max_new_tokens=m, do_sample=False, eos_token_id=None, pad_token_id=0)[0, p.shape[1]:]
+                .tolist() for p, m in zip(prompts, new)]
+    engine = LLMEngine.from_model(ours, num_blocks=64, block_size=4, max_model_len=96)
+    got = run_engine(engine, [(p[0].tolist(), SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
+                              for p, m in zip(prompts, new)])
+    assert [got["0"], got["1"]] == want
+
+
+def test_dynamic_ntk_tables_of_a_batch_are_each_sequences_own():
+    """cos/sin for two sequences in one call (lengths 10 and 70, max position 32) equal those of each alone."""
+    from minillm.layers.rotary import RotaryEmbedding
+    rope = RotaryEmbedding(16, 10000.0, DYNAMIC_MAX_POS, {"rope_type": "dynamic", "factor": 2.0})
+    a, b = torch.arange(6, 10), torch.arange(60, 70)            # 4 new tokens of a 10-token and 10 of a 70-token one
+    cos, sin = rope.cos_sin(torch.cat([a, b]), [4, 10], [10, 70])
+    for part, pos, n in ((slice(0, 4), a, 10), (slice(4, 14), b, 70)):
+        alone = rope.cos_sin(pos, [len(pos)], [n])
+        assert torch.equal(cos[part], alone[0]) and torch.equal(sin[part], alone[1])
+    assert not torch.equal(cos[:4], rope.cos_sin(a, [4], [70])[0])     # the length does matter past 32

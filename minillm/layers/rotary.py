@@ -6,7 +6,7 @@ base grows with the sequence), llama3 (per-frequency smoothing) and yarn (ramped
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -99,12 +99,19 @@ class RotaryEmbedding(nn.Module):
             self.head_dim / (self.head_dim - 2))
         return _default_inv_freq(self.head_dim, base)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of shape [T, head_dim] in fp32 for the given positions."""
+    def cos_sin(self, positions: torch.Tensor, query_lens: Sequence[int] | None = None,
+                seq_lens: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [T, head_dim] in fp32 for the given positions: the tokens of sequence i are the next
+        query_lens[i] positions, and it holds seq_lens[i] tokens after this step (None: the batch is one sequence
+        as long as its furthest position). Dynamic scaling takes each sequence's own length, as Hugging Face does for
+        a batch of one: a sequence's numbers never depend on what else is in the batch."""
         need = int(positions.max()) + 1 if positions.numel() else 1
         if self.rope_type == "dynamic":
-            inv_freq = self._dynamic_inv_freq(need)
-            freqs = positions.float()[:, None] * inv_freq[None, :]
+            if query_lens is None or seq_lens is None:
+                query_lens, seq_lens = [positions.numel()], [need]
+            inv_freq = torch.cat([self._dynamic_inv_freq(int(s)).expand(int(q), -1)
+                                  for q, s in zip(query_lens, seq_lens)])
+            freqs = positions.float()[:, None] * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos(), emb.sin()
         if self._cache is None or self._cache[0] < need:

@@ -113,7 +113,7 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed), or for a pipeline stage
         that is not the last, its layers' output (`hidden` is the previous stage's, for a stage that is not the
         first)."""
-        ctx.cos, ctx.sin = self.rotary.cos_sin(positions)
+        ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = self.embed_tokens(input_ids) if hidden is None else hidden
         for layer in self.layers:
             x = layer(x, ctx)

@@ -44,7 +44,7 @@ class LayerSkipModel:
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = self.target
-        ctx.cos, ctx.sin = t.rotary.cos_sin(positions)
+        ctx.cos, ctx.sin = t.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = t.embed_tokens(input_ids)
         for layer in t.layers[:self.num_layers]:
             x = layer(x, ctx)
