@@ -249,3 +249,124 @@ def test_written_labs_reads_solutions_when_called(tmp_path):
     for name in ["lab00", "lab08", "lab1", "README.md", "lab99x"]:
         (tmp_path / name).mkdir()
     assert _written_labs(tmp_path) == {"lab00", "lab08"}
+
+
+# --- a scenario's assumptions, checked across entries (issue 16): one footprint per model and format, the
+# embeddings and LM head counted the way real checkpoints store them, requests inside the model's window ---
+
+_NESTED = {"ratio": lambda a: [(a["fn"], a["a"]), (a["fn"], a["b"])],
+           "mix": lambda a: [(fn, args) for _, fn, args in a["parts"]],
+           "scaled": lambda a: [(a["fn"], a["args"])], "units_needed": lambda a: [(a["fn"], a["args"])]}
+
+
+def _leaves(fn: str, args: dict):
+    """(fn, args) of every function a check ends up calling, through ratio/mix/scaled/units_needed."""
+    if fn in _NESTED:
+        for inner in _NESTED[fn](args):
+            yield from _leaves(*inner)
+    else:
+        yield fn, args
+
+
+def _footprint(check: dict):
+    """For a check whose claim is a whole catalog model's weight bytes: (key, claimed bytes, bytes with everything
+    quantized, bytes with 16-bit embeddings and LM head); None for any other check. The key is the model's
+    parameter count (Llama-3 and 3.1 share shapes), bits, group size and scale bits."""
+    from minillm.models.catalog import KNOWN_MODELS, model_shape
+    from minillm.quant.memory import WeightFormat, checkpoint_bytes, weight_format
+    from minillm.quiz.numbers import parse_claim
+    fn, a = check["fn"], check.get("args", {})
+    if fn == "checkpoint_bytes":
+        cfg, fmt = model_shape(a["model"]), weight_format(a["format"])
+    elif fn == "weight_bytes" and a.get("num_params") in {m.num_params() for m in KNOWN_MODELS.values()}:
+        cfg = next(m for m in KNOWN_MODELS.values() if m.num_params() == a["num_params"])
+        fmt = WeightFormat("as-claimed", a["bits"], a.get("group_size"), a.get("scale_bits", 16))
+    else:
+        return None
+    grouped = fmt.bits < 16 and fmt.group_size
+    key = (cfg.num_params(), fmt.bits, fmt.group_size if grouped else None, fmt.scale_bits if grouped else None)
+    return (key, parse_claim(check["claim"]), checkpoint_bytes(cfg, fmt, embeddings_bits=fmt.bits),
+            checkpoint_bytes(cfg, fmt))
+
+
+def _footprint_conflicts(checks: list[tuple[str, dict]], spread: float = 0.02) -> list[str]:
+    """One line per (model, format) whose claimed footprints differ by more than `spread` across the bank."""
+    groups: dict = {}
+    for qid, check in checks:
+        fp = _footprint(check)
+        if fp:
+            groups.setdefault(fp[0], []).append((fp[1], qid, check["claim"]))
+    return [f"{len(claims)} footprints of the same model at {key[1]} bits disagree: "
+            + ", ".join(f"{qid} says {claim!r}" for _, qid, claim in sorted(claims))
+            for key, claims in groups.items() if max(claims)[0] > min(claims)[0] * (1 + spread)]
+
+
+def _embedding_problems(checks: list[tuple[str, dict]]) -> list[str]:
+    """A quantized footprint computed as params x bits, where counting the embeddings and LM head at 16 bits
+    (as GPTQ/AWQ, FP8 and NVFP4 checkpoints store them) moves it by more than the claim's tolerance."""
+    out = []
+    for qid, check in checks:
+        fp = _footprint(check)
+        if fp and check["fn"] == "weight_bytes" and check["args"]["bits"] < 16:
+            if abs(fp[2] - fp[3]) > float(check.get("rel_tol", 0.05)) * fp[3]:
+                out.append(f"{qid}: {check['claim']!r} is params x {check['args']['bits']} bits; with the 16-bit "
+                           f"embeddings and LM head real checkpoints keep it is {fp[3] / 1e9:.1f} GB: use fn "
+                           "checkpoint_bytes (embeddings_bits only for formats that quantize them, like GGUF)")
+    return out
+
+
+def _context_problems(checks: list[tuple[str, dict]]) -> list[str]:
+    """A serving scenario whose requests do not fit the model's context window (Llama-3 has 8K, Llama-3.1 128K)."""
+    from minillm.models.catalog import model_shape
+    out = []
+    for qid, check in checks:
+        for fn, a in _leaves(check["fn"], check.get("args", {})):
+            if fn in ("serving", "prefill_devices", "prefill_flops_per_s") and "prompt" in a:
+                tokens = a["prompt"] + a["output"]
+            elif fn in ("decode_step", "batching_speedup"):
+                tokens = a["context"]
+            else:
+                continue
+            window = model_shape(a["model"]).max_position_embeddings
+            if tokens > window:
+                out.append(f"{qid}: {check['claim']!r} runs {a['model']} at {tokens:,} tokens, past its "
+                           f"{window:,}-token window (use a model that has the context, e.g. Llama-3.1)")
+    return out
+
+
+def _bank_checks() -> list[tuple[str, dict]]:
+    return [(q.id, c) for q in load_bank(BANK_DIR).questions.values() for c in q.checks]
+
+
+def test_one_footprint_per_model_and_format_across_the_bank():
+    problems = _footprint_conflicts(_bank_checks())
+    assert not problems, "\n".join(problems)
+
+
+def test_quantized_footprints_count_embeddings_as_checkpoints_store_them():
+    problems = _embedding_problems(_bank_checks())
+    assert not problems, "\n".join(problems)
+
+
+def test_serving_scenarios_fit_the_models_context_window():
+    problems = _context_problems(_bank_checks())
+    assert not problems, "\n".join(problems)
+
+
+def test_cross_entry_rules_catch_the_issue_16_mistakes():
+    """The rules above, on the figures issue 16 found wrong (they must fail) and their corrections (they pass)."""
+    int4_naive = {"claim": "35 GB", "fn": "weight_bytes", "args": {"num_params": 70553706496, "bits": 4}}
+    int4_real = {"claim": "39.5 GB", "fn": "checkpoint_bytes", "args": {"model": "llama-3.1-70b", "format": "int4"}}
+    fp8_naive = {"claim": "~71 GB", "fn": "weight_bytes", "args": {"num_params": 70553706496, "bits": 8}}
+    fp8_real = {"claim": "72.7 GB", "fn": "checkpoint_bytes", "args": {"model": "llama-3-70b", "format": "fp8"}}
+    gguf = {"claim": "~3.8 GB", "fn": "checkpoint_bytes",
+            "args": {"model": "llama-2-7b", "format": "q4_0", "embeddings_bits": 4.5}}
+    assert _embedding_problems([("a", int4_naive)]) and not _embedding_problems([("a", int4_real), ("b", gguf)])
+    assert _footprint_conflicts([("a", fp8_naive), ("b", fp8_real)]) and not _footprint_conflicts(
+        [("a", int4_real), ("b", {**int4_real, "claim": "~39.5 GB"}), ("c", fp8_real)])
+    long_llama3 = {"claim": "1 s", "fn": "scaled", "args": {"factor": 1, "fn": "serving", "args": {
+        "field": "ttft_s", "model": "llama-3-70b", "gpu": "h100-sxm", "tp": 4, "prompt": 32000, "output": 100}}}
+    assert _context_problems([("a", long_llama3)])
+    long_llama31 = {**long_llama3, "args": {**long_llama3["args"], "args": {
+        **long_llama3["args"]["args"], "model": "llama-3.1-70b"}}}
+    assert not _context_problems([("a", long_llama31)])

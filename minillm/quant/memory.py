@@ -39,6 +39,10 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
     WeightFormat("int4", 4, group_size=128, scale_bits=16),      # GPTQ/AWQ, group-128 fp16 scales
     WeightFormat("nvfp4", 4, group_size=16, scale_bits=8, compute="fp4"),
     WeightFormat("mxfp4", 4, group_size=32, scale_bits=8, compute="fp4"),
+    # GGUF (llama.cpp) blocks of 32 with an fp16 scale. GGUF files quantize the token embeddings too (and the
+    # output matrix, often to Q6_K): pass embeddings_bits to checkpoint_bytes for them.
+    WeightFormat("q8_0", 8, group_size=32, scale_bits=16),
+    WeightFormat("q4_0", 4, group_size=32, scale_bits=16),
 ]}
 
 
