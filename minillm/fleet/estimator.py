@@ -15,6 +15,13 @@ It counts what a step must do and divides by what the hardware offers, nothing m
 * Prefill and decode do not overlap: a replica's time per request is its prefill plus its share of the
   decode steps. Chunked prefill can hide some prefill under a bandwidth-bound decode step, so real cost
   can be lower by at most the decode share; disaggregated prefill pays exactly this sum.
+* TPOT in steady state = one decode step + the prefills that land between a stream's tokens: with `batch`
+  streams each finishing after `output` tokens, batch / output new prompts arrive per step on average.
+  These are means; p95/p99 need headroom that only a load test (or the fleet simulator) can size.
+* Memory: weights shard evenly over tp devices (K/V projections replicated past tp = KV heads are not
+  counted); each device keeps memory_utilization x HBM minus runtime_gb, the rest is the KV pool.
+  Decode streams sit at the mean context prompt + output / 2; max_streams reserves the full
+  prompt + output per stream (the no-preemption ceiling).
 
 Efficiencies are assumptions to calibrate with a load test (`Efficiency`); specs are datasheet peaks
 (minillm.models.catalog.KNOWN_HARDWARE). No queueing: TTFT is an idle replica's prefill time.
@@ -22,7 +29,7 @@ Efficiencies are assumptions to calibrate with a load test (`Efficiency`); specs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from minillm.config import ModelConfig
 from minillm.models.catalog import Hardware, hardware_spec, model_shape, param_groups
@@ -213,12 +220,15 @@ def tp_comm_bytes_per_gpu(model: str | ModelConfig, tp: int, tokens: int) -> flo
 
 
 def tp_comm_seconds(dep: Deployment, tokens: int, eff: Efficiency = Efficiency()) -> float:
+    """The all-reduces of one forward pass: ring bytes over the link at eff.link, plus a fixed latency each
+    (at small decode batches the latency, not the bytes, is most of it)."""
     if dep.tp == 1:
         return 0.0
     link = dep.gpu.link_gb_s * GB * eff.link
     if link <= 0:
         raise ValueError(f"{dep.gpu.name} has no scale-up link in the catalog; use tp=1")
-    return tp_comm_bytes_per_gpu(dep.config, dep.tp, tokens) / link + 2 * dep.config.num_layers * eff.allreduce_latency_s
+    latency = 2 * dep.config.num_layers * eff.allreduce_latency_s
+    return tp_comm_bytes_per_gpu(dep.config, dep.tp, tokens) / link + latency
 
 
 def prefill_time(dep: Deployment, sc: Scenario, eff: Efficiency = Efficiency()) -> StepTime:
@@ -289,5 +299,5 @@ def batch_for_tpot(dep: Deployment, sc: Scenario, tpot_s: float, eff: Efficiency
 
 
 __all__ = ["Deployment", "Efficiency", "Estimate", "MemoryPlan", "Scenario", "StepTime", "batch_for_tpot",
-           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "prefill_devices", "prefill_time", "tp_comm_bytes_per_gpu",
-           "tp_comm_seconds"]
+           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "prefill_devices",
+           "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]
