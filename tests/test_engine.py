@@ -17,10 +17,33 @@ _ref_cache: dict = {}
 
 
 def reference(model, prompt: list[int], params: SamplingParams) -> list[int]:
-    key = (id(model), tuple(prompt), params.max_tokens, params.temperature, params.seed)
+    """Greedy output of the one-request-at-a-time path (contiguous cache, prefill then decode). Greedy only: a
+    sampled reference through the engine's own Sampler would check the sampler against itself (sampled_reference)."""
+    assert params.greedy, "reference() is the greedy path; use sampled_reference for sampled requests"
+    key = (id(model), tuple(prompt), params.max_tokens)
     if key not in _ref_cache:
         _ref_cache[key] = SimpleGenerator(model, None).generate(prompt, params)[1]
     return _ref_cache[key]
+
+
+def sampled_reference(model, prompt: list[int], params: SamplingParams) -> list[int]:
+    """A seeded request's tokens from the definitions, sharing nothing with the engine but the model's forward pass:
+    every step recomputes the logits of the whole sequence (no KV reuse), takes the distribution from
+    tests/test_sampling.reference_probs (numpy: temperature, min-p, top-k, top-p) and draws as the sampler's
+    contract says: argmax(p / E), E ~ Exp(1) over the vocabulary from the request's torch.Generator(seed)."""
+    from tests.test_sampling import reference_probs
+    from tests.tiny_models import minillm_logits
+    assert params.seed is not None and not params.greedy and not params.has_penalties
+    gen, tokens, out = torch.Generator().manual_seed(params.seed), list(prompt), []
+    while len(out) < params.max_tokens:
+        probs = reference_probs(minillm_logits(model, tokens)[-1], params)
+        noise = torch.empty(len(probs)).exponential_(generator=gen)
+        tok = int(torch.argmax(probs / noise.double()))
+        tokens.append(tok)
+        out.append(tok)
+        if tok == model.cfg.eos_token_id and not params.ignore_eos:
+            break
+    return out
 
 
 def finish_all(engine: LLMEngine, check=None) -> dict:
@@ -277,17 +300,27 @@ def test_preemption_happens_and_is_newest_first():
     assert "0" not in preempted            # the oldest request is never the victim while others run
 
 
-def test_seeded_sampling_reproduces_through_engine():
-    p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=7, ignore_eos=True)
+@pytest.mark.parametrize("settings", [dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=5),
+                                      dict(temperature=1.3, min_p=0.05, top_p=0.8)])
+def test_seeded_sampling_through_the_engine_equals_the_definition(settings):
+    """A seeded request gives the tokens of sampled_reference (numpy distributions, the documented draw), alone and
+    batched with another request; an engine whose sampler ignores top-p / top-k / min-p gives other tokens."""
+    from minillm.sampling.processors import process_logits
+    from minillm.sampling.sampler import Sampler
+    p = SamplingParams(max_tokens=12, seed=7, ignore_eos=True, **settings)
     prompt = list(range(3, 20))
+    want = sampled_reference(MODEL, prompt, p)
     a = run_engine(LLMEngine.from_model(MODEL, num_blocks=32, block_size=4), [(prompt, p)])["0"]
     b = run_engine(LLMEngine.from_model(MODEL, num_blocks=32, block_size=4),
                    [(list(range(50, 90)), SamplingParams(temperature=1.0, max_tokens=12)), (prompt, p)])["1"]
-    assert a == b == reference(MODEL, prompt, p)
+    assert a == want and b == want
+    wrong = LLMEngine.from_model(MODEL, num_blocks=32, block_size=4)
+    wrong.plug(sampler=Sampler(process_fn=lambda x, t, k, top_p, m: process_logits(x, t, k * 0, top_p * 0 + 1, m * 0)))
+    assert run_engine(wrong, [(prompt, p)])["0"] != want
 
 
 def test_n_samples_fork_and_copy_on_write():
-    """n=3 forks after the prompt; child k draws with seed+k; each equals a lone request with that seed."""
+    """n=3 forks after the prompt; child k draws with seed+k: each gives sampled_reference's tokens for that seed."""
     prompt = list(range(3, 21))        # 18 tokens: the last block is partial and shared after the fork
     engine = LLMEngine.from_model(MODEL, num_blocks=40, block_size=4)
     rid = engine.add_request(prompt, SamplingParams(temperature=1.0, max_tokens=10, seed=3, n=3, ignore_eos=True))
@@ -309,8 +342,8 @@ def test_n_samples_fork_and_copy_on_write():
     out = outs[rid]
     assert len(out.outputs) == 3
     for k, c in enumerate(out.outputs):
-        assert c.token_ids == reference(MODEL, prompt, SamplingParams(temperature=1.0, max_tokens=10, seed=3 + k,
-                                                                    ignore_eos=True))
+        assert c.token_ids == sampled_reference(MODEL, prompt, SamplingParams(temperature=1.0, max_tokens=10,
+                                                                            seed=3 + k, ignore_eos=True))
     assert engine.block_manager.num_free_blocks == 40
     assert copies >= 2, "each child's first write into the shared partial block must be copy-on-write"
 

@@ -3,6 +3,7 @@ here, seeded rows independent of the batch, logprobs, and validation. Statistica
 (Pearson chi-square), their seed and their sample size."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -33,37 +34,38 @@ def col(values, dtype=torch.float32):
     return torch.tensor(values, dtype=dtype)
 
 
-# ---------------------------------------------------------------- a per-row reference, written plainly
+# ---------------------------------------------------------------- a per-row reference, from the definitions
 
-def reference_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """One row, one Python pass per rule: the definitions, not the engine's vectorized code."""
-    v = logits.shape[0]
-    x = [float(t) / p.temperature for t in logits]
-    keep = [True] * v
+def reference_probs(logits, p: SamplingParams) -> torch.Tensor:
+    """One row's distribution, in numpy float64 from the definitions (not the engine's vectorized torch code):
+    softmax(logits / T); min-p keeps the tokens whose probability is at least min_p x the largest; top-k keeps the
+    k largest logits (ties with the k-th kept); top-p keeps the smallest most-likely-first set whose probability
+    reaches top_p. Each rule sees the distribution the rules before it left (renormalized); a greedy row
+    (temperature 0) is one-hot on the argmax."""
+    x = np.asarray(logits, dtype=np.float64)
+    if p.temperature == 0:
+        return torch.from_numpy(np.eye(len(x))[np.argmax(x)])
+    x = x / p.temperature
+    keep = np.ones(len(x), dtype=bool)
+
+    def dist() -> np.ndarray:
+        w = np.where(keep, np.exp(x - x[keep].max()), 0.0)
+        return w / w.sum()
+
     if p.min_p > 0:
-        m = max(x)
-        z = sum(math.exp(t - m) for t in x)
-        top = 1.0 / z
-        keep = [k and math.exp(t - m) / z >= p.min_p * top for k, t in zip(keep, x)]
-    if 0 < p.top_k < v:
-        kth = sorted((t for t, k in zip(x, keep) if k), reverse=True)
-        cut = kth[min(p.top_k, len(kth)) - 1]
-        keep = [k and t >= cut for k, t in zip(keep, x)]
+        q = dist()
+        keep &= q >= p.min_p * q.max()
+    if 0 < p.top_k < len(x):
+        kth = np.sort(x[keep])[::-1][min(p.top_k, keep.sum()) - 1]
+        keep &= x >= kth
     if p.top_p < 1:
-        alive = [i for i in range(v) if keep[i]]
-        m = max(x[i] for i in alive)
-        z = sum(math.exp(x[i] - m) for i in alive)
-        order = sorted(alive, key=lambda i: -x[i])
-        mass, kept = 0.0, set()
-        for i in order:
-            if mass >= p.top_p:
-                break
-            kept.add(i)
-            mass += math.exp(x[i] - m) / z
-        keep = [i in kept for i in range(v)]
-    m = max(t for t, k in zip(x, keep) if k)
-    w = [math.exp(t - m) if k else 0.0 for t, k in zip(x, keep)]
-    return torch.tensor([t / sum(w) for t in w], dtype=torch.float64)
+        q = dist()
+        order = np.argsort(-q, kind="stable")
+        reach = np.cumsum(q[order]) >= p.top_p
+        size = int(np.argmax(reach)) + 1 if reach.any() else keep.sum()     # the first prefix reaching top_p
+        keep[:] = False
+        keep[order[:size]] = True
+    return torch.from_numpy(dist())
 
 
 settings_strategy = st.builds(
