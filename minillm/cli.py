@@ -376,14 +376,34 @@ def _check_common(args) -> None:
     threads = getattr(args, "threads", None)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {threads} (leave it out for torch's choice)")
+    if threads is not None and threads > (os.cpu_count() or 1):   # far more crashes torch's thread pool
+        raise ValueError(f"--threads {threads} is more than this machine's {os.cpu_count()} CPUs: more threads than "
+                         "CPUs only slow torch down (leave it out for torch's choice)")
     if getattr(args, "command", None) == "bench":
-        if any(n < 1 for n in args.prompt_lens):
-            raise ValueError(f"--prefill-lens must be positive token counts, got {args.prompt_lens}")
-        if args.num_requests < 1:
-            raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
-        for flag, value in (("--repeat", args.repeat), ("--steps", args.steps)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be at least 1, got {value}")
+        _check_bench_counts(args)
+
+
+def _check_bench_counts(args) -> None:
+    """Every integer flag of a bench is a count (at least 1) or a seed (at least 0): 0 or less is refused here
+    rather than dividing by zero or timing nothing after the model has loaded. New flags are covered as added."""
+    specific = set().union(*BENCH_FLAGS.values())
+    for action in build_parser().bench_parser._actions:
+        if action.dest not in specific or action.type is not int:
+            continue
+        lo = 0 if action.dest == "seed" else 1
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        if any(v is not None and v < lo for v in values):
+            raise ValueError(f"{action.option_strings[0]} must be at least {lo}, got "
+                             f"{' '.join(map(str, values)) if isinstance(value, list) else value}")
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars an error interrupted (a bench's), so that the error starts a line of its own instead
+    of trailing the bar."""
+    from tqdm import tqdm
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,6 +433,7 @@ def _main(argv: list[str] | None = None) -> int:
         _check_common(args)
         return args.func(args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:
+        _end_progress_bars()
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -422,6 +443,7 @@ def _main(argv: list[str] | None = None) -> int:
     except Exception as e:        # a safety net: specific checks above should have caught it first
         if debug:
             raise
+        _end_progress_bars()
         print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
         return 1
 

@@ -72,7 +72,8 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
     if spec:
         if "method" not in spec:
             flags = ", ".join(_SPEC_FLAGS[name][0] for name in spec)
-            raise ValueError(f"{flags} only matter with speculative decoding on: add --speculative "
+            verb = "matters" if len(spec) == 1 else "matter"
+            raise ValueError(f"{flags} only {verb} with speculative decoding on: add --speculative "
                              f"{{{','.join(METHODS)}}}")
         given["speculative_config"] = spec
     return EngineConfig.from_kwargs(**{**given, **overrides})

@@ -7,6 +7,7 @@ arguments (`block_size=16, max_num_seqs=8`); `EngineConfig.from_kwargs` routes t
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -52,6 +53,11 @@ class ModelConfig:
         per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
         emb = self.vocab_size * h
         return L * per_layer + emb * (1 if self.tie_word_embeddings else 2) + h
+
+
+# The names minillm.loading.loader.DTYPES maps to torch dtypes (here so validating a config needs no torch import;
+# a test keeps the two in step).
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 
 
 def parse_bytes(x: int | float | str) -> int:
@@ -129,6 +135,9 @@ class SpeculativeConfig:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
                              f"({self.prompt_lookup_max})")
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(f"speculative model must be 'default', a .gguf file or a Hugging Face directory (a str), "
+                             f"got {self.model!r}")
         if self.method == "draft_model" and not self.model:
             raise ValueError("the draft_model method needs `model`: 'default', a .gguf file or a Hugging Face "
                              "directory with the target's vocabulary")
@@ -184,8 +193,8 @@ class EngineConfig:
             names = {f.name for f in dataclasses.fields(sub)}
             parts[name] = sub(**{k: kwargs.pop(k) for k in list(kwargs) if k in names})
         if kwargs:
-            raise TypeError(f"unknown engine setting(s) {', '.join(sorted(kwargs))}; valid: "
-                            f"{', '.join(setting_names())}")
+            raise TypeError(f"unknown engine setting(s) {'; '.join(_unknown_setting(k) for k in sorted(kwargs))}; "
+                            f"valid: {', '.join(setting_names())}")
         return cls(**own, **parts)
 
     def validate(self) -> None:
@@ -194,6 +203,12 @@ class EngineConfig:
         def positive(name: str, v: Any) -> None:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+        def flag(name: str, v: Any) -> None:
+            if not isinstance(v, bool):      # "no" or 0 would otherwise pass for True / False by truthiness
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        if not (isinstance(self.dtype, str) and self.dtype in DTYPE_NAMES) and type(self.dtype).__module__ != "torch":
+            raise ValueError(f"unknown dtype {self.dtype!r}: use float32 or bfloat16 (or float16)")
         positive("block_size", c.block_size)
         positive("max_num_seqs", s.max_num_seqs)
         positive("max_num_batched_tokens", s.max_num_batched_tokens)
@@ -201,9 +216,13 @@ class EngineConfig:
             positive("num_blocks", c.num_blocks)
         if self.max_model_len is not None:
             positive("max_model_len", self.max_model_len)
+        flag("enable_prefix_caching", c.enable_prefix_caching)
+        flag("enable_chunked_prefill", s.enable_chunked_prefill)
         try:
+            if isinstance(c.kv_cache_memory, bool) or not isinstance(c.kv_cache_memory, (int, float, str)):
+                raise TypeError
             budget = c.kv_cache_memory_bytes
-        except ValueError:
+        except (TypeError, ValueError, OverflowError):      # OverflowError: inf, 1e400
             raise ValueError(f"kv_cache_memory must be bytes or a size like '512MiB' / '2GiB', "
                              f"got {c.kv_cache_memory!r}") from None
         if budget <= 0:
@@ -226,6 +245,9 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}: use 'torch', 'cpu', "
                              "'triton' or 'auto'")
+        if self.attention_backend == "triton" and c.block_size & (c.block_size - 1):
+            raise ValueError(f"the triton attention backend needs a power-of-two block_size (its kernel splits blocks "
+                             f"in powers of two), got {c.block_size}: use 16, or another backend")
 
     def as_kwargs(self) -> dict[str, Any]:
         """The flat view from_kwargs takes (for printing and for copies with a change)."""
@@ -242,6 +264,15 @@ class EngineConfig:
 
 
 SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig}
+
+
+def _unknown_setting(name: str) -> str:
+    """`name` with what it was probably meant to be: a misspelt setting, or a per-request sampling field."""
+    from minillm.sampling.params import SamplingParams
+    if name in SamplingParams.__dataclass_fields__:
+        return f"{name} (a sampling setting: pass SamplingParams({name}=...) to generate)"
+    close = difflib.get_close_matches(name.lower().replace("-", "_"), setting_names(), n=3, cutoff=0.6)
+    return f"{name} (did you mean {' or '.join(close)}?)" if close else name
 
 
 def setting_names() -> list[str]:

@@ -54,6 +54,10 @@ class LLM:
         """Raw text (or token ids) in, RequestOutputs out, in the prompts' order. chat=True applies the chat template."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        _check_prompts(prompts)
+        if chat and not all(isinstance(p, str) for p in prompts):
+            raise TypeError("chat=True applies the chat template to text: give str prompts (token ids are sent as "
+                            "they are, with chat=False)")
         if chat:
             prompts = [build_prompt_ids(self.tokenizer, p, chat=True) for p in prompts]
         return self._run(list(prompts), sampling_params, use_tqdm)
@@ -67,9 +71,7 @@ class LLM:
         return self._run(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
-        params = sampling_params if isinstance(sampling_params, (list, tuple)) else [sampling_params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        params = _params_per_prompt(sampling_params, len(prompts))
         for p in params:
             p.validate()
         engine = self.engine
@@ -77,10 +79,15 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params):
                 ids.append(engine.add_request(prompt, p))
-        except ValueError:
-            for rid in ids:  # all or nothing: a bad prompt rejects the batch without leaving work queued
+            return self._drain(ids, use_tqdm)
+        except BaseException:
+            for rid in ids:  # all or nothing: a bad prompt (or Ctrl-C) leaves no work queued and no KV held
                 engine.abort(rid)
             raise
+
+    def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step the engine until every request of `ids` has finished; their outputs in that order."""
+        engine = self.engine
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, out_tokens = time.perf_counter(), 0
@@ -94,3 +101,30 @@ class LLM:
                             running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting), refresh=False)
         bar.close()
         return [results[rid] for rid in ids]
+
+
+def _check_prompts(prompts) -> None:
+    """The batch's container, before any request is queued: a str, or a list of str / token-id lists."""
+    if isinstance(prompts, (bytes, bytearray)):
+        raise TypeError("prompts are text (str), not bytes: decode them first (e.g. data.decode('utf-8'))")
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a str or a list of prompts (each a str or a list of token ids), got "
+                        f"{type(prompts).__name__}")
+    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        raise TypeError(f"prompts is a list of ints: one prompt of token ids is [[...]], e.g. [{list(prompts)[:3]}]")
+
+
+def _params_per_prompt(sampling_params, n: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: None (the defaults), one for all, or a list with one each."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * n
+    hint = ": build one with SamplingParams(**settings)" if isinstance(sampling_params, dict) else ""
+    if not isinstance(sampling_params, (list, tuple)):
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them (one per prompt), got "
+                        f"{type(sampling_params).__name__}{hint}")
+    wrong = [type(p).__name__ for p in sampling_params if not isinstance(p, SamplingParams)]
+    if wrong:
+        raise TypeError(f"sampling_params holds {', '.join(sorted(set(wrong)))} items: each must be a SamplingParams")
+    if len(sampling_params) != n:
+        raise ValueError(f"got {len(sampling_params)} SamplingParams for {n} prompts: give one, or one per prompt")
+    return list(sampling_params)

@@ -54,7 +54,7 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--max-tokens", "0"], "max_tokens"),
     (["generate", "hi", "--top-p", "1.5"], "top_p"),
     (["generate", "hi", "--temperature", "-1"], "temperature"),
-    (["generate", "hi", "--temperature", "nan"], "temperature must be a finite number"),
+    (["generate", "hi", "--temperature", "nan"], "temperature must be 0 (greedy) or a finite number"),
     (["generate", "hi", "--top-p", "inf"], "top_p"),
     (["generate", "hi", "--repetition-penalty", "0"], "repetition_penalty"),
     (["generate", "hi", "--draft-layers", "4"], "add --speculative"),
@@ -70,7 +70,7 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--whitespace-pattern", " "], "needs --json-schema"),
     (["generate", "hi", "--threads", "-1"], "--threads must be a positive integer"),
     (["generate", "hi", "--threads", "0"], "--threads must be a positive integer"),
-    (["bench", "decode", "--prefill-lens", "0"], "--prefill-lens must be positive"),
+    (["bench", "decode", "--prefill-lens", "0"], "--prefill-lens must be at least 1"),
     (["bench", "kv", "--num-requests", "0"], "--num-requests must be at least 1"),
     (["generate", "hi", "--tensor-parallel-size", "2"], "Valid sizes: 1, 3"),      # refused before any process
     (["generate", "hi", "--tensor-parallel-size", "0"], "tensor_parallel_size must be a positive integer"),

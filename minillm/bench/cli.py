@@ -17,11 +17,11 @@ def run(args) -> int:
     if args.what == "structured":
         return structured_bench(args)
     config = engine_config(args)
-    loaded = load_with_status(args, config)
     spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
                         max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
-    if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):
+    if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):   # before the load
         raise ValueError("--prompt-lens and --output-lens take MIN MAX with 0 < MIN <= MAX")
+    loaded = load_with_status(args, config)
     if args.what == "throughput":
         result = throughput(loaded, spec, args, config)
         if args.plot:

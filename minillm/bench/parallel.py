@@ -65,7 +65,9 @@ def measure(engine, batch: int, steps: int, prompt_len: int, vocab: int, seed: i
     from minillm.sampling.params import SamplingParams
     rng = random.Random(seed)
     comm = engine.runner.comm
-    params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+    # the prefill emits the first token and the first decode step is not timed (its stats began mid-prefill), so
+    # `steps` timed decode steps need steps + 2 tokens (with steps + 1, --steps 1 timed nothing)
+    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     times, tokens, started = [], [], []
 
     def observe(info):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import time
+from collections.abc import Mapping
 from typing import Callable, Sequence as Seq
 
 import torch
@@ -35,6 +37,18 @@ from minillm.structured.matcher import StructuredOutputManager
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
 
 
+def _token_id(t, position: int) -> int:
+    """An int, a numpy integer or a one-element integer tensor as an int; anything else (1.5, '12', True, nan) is a
+    ValueError rather than silently rounded or parsed."""
+    try:
+        if isinstance(t, bool):
+            raise TypeError
+        return operator.index(t)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"token ids must be integers, got {t!r} ({type(t).__name__}) at position {position} of the "
+                         "prompt") from None
+
+
 class LLMEngine:
     """`model` is the whole model, or rank 0's shard when `workers` (parallel/workers.py) run the other ranks: then
     this engine schedules and samples for all of them and every step is broadcast to them first. The KV budget is
@@ -49,7 +63,12 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
                              "raise kv_cache_memory")
-        self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=model.dtype)
+        try:
+            self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=model.dtype)
+        except (MemoryError, ValueError, RuntimeError) as e:   # numpy/torch refuse a size past memory or index range
+            raise ValueError(f"cannot reserve a KV pool of {num_blocks} blocks x {per_block} bytes "
+                             f"({num_blocks * per_block / 2**30:.4g} GiB): {e}; lower kv_cache_memory "
+                             "(--kv-cache-memory) or num_blocks") from None
         par = self.config.parallel
         if workers is not None:
             workers.init(num_blocks)              # every rank sizes its slice of the pool alike
@@ -104,7 +123,9 @@ class LLMEngine:
     def add_request(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Queue a request. Everything is validated here, before any KV block is allocated."""
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams (or None for the defaults), got {type(params).__name__}")
         params.validate()
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self.requests:
@@ -128,7 +149,10 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass token ids instead of text")
             return self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
+        if isinstance(prompt, (bytes, bytearray, Mapping)) or not hasattr(prompt, "__iter__"):
+            raise TypeError(f"a prompt is text (str) or a list of token ids, got {type(prompt).__name__}"
+                            + (": decode the bytes to str first" if isinstance(prompt, (bytes, bytearray)) else ""))
+        ids = [_token_id(t, i) for i, t in enumerate(prompt)]
         bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})")

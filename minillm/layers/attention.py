@@ -306,5 +306,9 @@ def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"
     if name == "cpu":
         return CpuAttentionBackend()
     if name == "triton":
+        from minillm.kernels.triton_paged_attention import triton_available
+        if not triton_available():      # refused here, not at the first decode step with requests in flight
+            raise ValueError("the triton attention backend needs triton and a CUDA GPU (or TRITON_INTERPRET=1 set "
+                             "before minillm is imported, for tests): use attention_backend 'auto', 'cpu' or 'torch'")
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}: use 'torch', 'cpu', 'triton' or 'auto'")

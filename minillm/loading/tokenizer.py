@@ -121,8 +121,12 @@ class Tokenizer:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:    # lone surrogates: how Python carries bytes that were not UTF-8
-            bad = text[e.start:e.end].encode("utf-8", "surrogateescape")
-            raise ValueError(f"the text is not valid UTF-8 (it holds the bytes {bad!r}): pass UTF-8 text, e.g. "
+            piece = text[e.start:e.end]
+            try:
+                what = f"the bytes {piece.encode('utf-8', 'surrogateescape')!r}"
+            except UnicodeEncodeError:     # a surrogate no byte maps to (e.g. "\ud800" from JSON or an escape)
+                what = f"the surrogate code point(s) {piece[:4]!r}"
+            raise ValueError(f"the text is not valid UTF-8 (it holds {what}): pass UTF-8 text, e.g. "
                              "convert it with iconv first") from None
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos_token:
