@@ -135,8 +135,9 @@ def test_every_graded_cell_has_a_task():
 
 @pytest.mark.parametrize("tid", sorted(TASKS))
 def test_blank_starter_reads_not_implemented_yet(tid):
-    msg = graded_fails(_lab(tid), tid)
-    assert "Smallest failing example" not in msg and len(msg.splitlines()) <= 2, msg
+    for _ in range(3):           # however often it is run: no example, and no hint (nothing to nudge yet)
+        msg = graded_fails(_lab(tid), tid)
+        assert "Smallest failing example" not in msg and "Hint" not in msg and len(msg.splitlines()) == 1, msg
 
 
 # ---------------------------------------------------------------- rebinding and patching
@@ -557,7 +558,8 @@ def test_delegation_to_minillm_is_refused(tid, how):
 
 # ---------------------------------------------------------------- no private names of engine objects
 
-ALLOWED_PRIVATE = {"_partialmethod", "_getframe"}   # functools' and sys's own, read by the framework
+ALLOWED_PRIVATE = {"_partialmethod", "_getframe",   # functools' and sys's own, read by the framework
+                   "_fields"}                       # a namedtuple's (public) field names, which feedback shows
 
 
 def _private_accesses(path: Path) -> list[str]:

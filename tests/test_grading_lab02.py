@@ -188,7 +188,7 @@ ALLOC_WRONG = {
 
 @pytest.mark.parametrize("wrong", list(ALLOC_WRONG), ids=lambda c: c.__name__)
 def test_lab02_2_wrong_implementations_fail(wrong):
-    rejected(check_lab02_2, wrong, ALLOC_WRONG[wrong], "Calls: a = BlockAllocator(")
+    rejected(check_lab02_2, wrong, ALLOC_WRONG[wrong], "Smallest failing example: a = BlockAllocator(")
 
 
 def test_lab02_2_blank_and_instance_fail():
@@ -429,7 +429,7 @@ MANAGER_WRONG = {
 
 @pytest.mark.parametrize("wrong", list(MANAGER_WRONG), ids=lambda c: c.__name__)
 def test_lab02_3_wrong_implementations_fail(wrong):
-    rejected(check_lab02_3, wrong, MANAGER_WRONG[wrong], "Calls (block_size")
+    rejected(check_lab02_3, wrong, MANAGER_WRONG[wrong], "Smallest failing example: a BlockManager(")
 
 
 def test_lab02_3_blank_fails():

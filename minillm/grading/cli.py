@@ -5,11 +5,16 @@ top to bottom in a fresh kernel (the current Python's `python3` kernel), cell by
 errors; every graded cell (nbgrader metadata: grade=True, solution=False) scores its points when it ran
 without an error — the same rule `nbgrader autograde` applies. No nbgrader course setup is needed.
 
+A failing task prints its whole verdict (message, smallest failing example, hint) under its line. When the cause
+is elsewhere it says so: a syntax error in the task's answer cell (that cell and the line), an answer cell that
+raised, a cell that ran past --timeout ("timed out after N s": nbclient interrupts it and grading goes on).
+
 The last line is exactly `score: X/Y`; the exit status is 0 only at full marks.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -54,12 +59,72 @@ def graded_cells(nb) -> list:
     return cells
 
 
-def _first_error_line(cell) -> str | None:
+def _error(cell) -> dict | None:
+    """The cell's first error output (nbformat's: ename, evalue, traceback), or None."""
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
-            evalue = (out.get("evalue") or "").strip().splitlines()
-            first = evalue[0].strip() if evalue else ""
-            return f"{out.get('ename', 'Error')}: {first}" if first else out.get("ename", "Error")
+            return out
+    return None
+
+
+_SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+# Python's text for a SyntaxError: "invalid syntax (1063758517.py, line 3)"; the file is the cell's own
+_SYNTAX_RE = re.compile(r"^(?P<msg>.*?)\s*\((?P<file>[^()]*), line (?P<line>\d+)\)\s*$", re.S)
+
+
+def _verdict(err: dict, timeout: int) -> str:
+    """What a graded cell's error says: a checker's whole verdict as it is, any other error with its name."""
+    ename, evalue = err.get("ename", "Error"), (err.get("evalue") or "").strip()
+    if ename == "KeyboardInterrupt":
+        return f"timed out after {timeout} s: the graded cell was interrupted (an endless loop?)"
+    if ename == "GradingError":
+        return evalue or "the check failed"
+    return f"{ename}: {evalue}" if evalue else ename
+
+
+def _answer_cells(cells: list, at: int, grade_id: str) -> list[int]:
+    """Indices of the answer cells of the graded cell cells[at]: nbgrader's `<grade_id>_answer` cells, else the
+    solution cells since the previous graded cell, else every code cell since then."""
+    named = [i for i, c in enumerate(cells) if _meta(c).get("grade_id") == f"{grade_id}_answer"]
+    if named:
+        return named
+    start = max([i for i in range(at) if _is_graded(cells[i])] + [-1]) + 1
+    between = [i for i in range(start, at) if cells[i].cell_type == "code"]
+    return [i for i in between if _meta(cells[i]).get("solution")] or between
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _is_graded(cell) -> bool:
+    return cell.cell_type == "code" and bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
+
+
+def _answer_trouble(cells: list, answers: list[int], grade_id: str, timeout: int, graded_err: dict) -> str | None:
+    """The cause of a failed task found in its answer cells: a syntax error (always the cause: nothing of that cell
+    was defined), an interrupted cell, or an error when the graded cell did not fail with a verdict of its own."""
+    for i in answers:
+        err = _error(cells[i])
+        if err is None:
+            continue
+        where = f"the answer cell of {grade_id} (cell {i + 1} of the notebook)"
+        ename, evalue = err.get("ename", "Error"), (err.get("evalue") or "").strip()
+        if ename in _SYNTAX_ERRORS:
+            m = _SYNTAX_RE.match(evalue)
+            msg, line = (m.group("msg"), int(m.group("line"))) if m else (evalue, None)
+            src = cells[i].source.splitlines()
+            shown = f"\n    {src[line - 1].rstrip()}" if line and 0 < line <= len(src) else ""
+            kind = "indentation error" if ename != "SyntaxError" else "syntax error"
+            return (f"{kind} in {where}" + (f", line {line}" if line else "") + f": {msg}{shown}\n"
+                    "nothing in that cell ran: fix the line, run the cell, then the graded cell.")
+        if ename == "KeyboardInterrupt":
+            return (f"timed out after {timeout} s: {where} was still running when it was interrupted (an endless "
+                    "loop at the cell's top level?)")
+        if graded_err.get("ename") != "GradingError":
+            first = (evalue.splitlines() or [""])[0]
+            return f"{where} raised {ename}" + (f": {first}" if first else "") + \
+                f"\nso the graded cell failed with {_verdict(graded_err, timeout)}"
     return None
 
 
@@ -101,20 +166,42 @@ def execute_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name:
 
 def grade_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT) -> list[TaskResult]:
     nb = execute_notebook(nb_path, timeout)
+    return grade_cells(nb.cells, timeout)
+
+
+def grade_cells(cells: list, timeout: int = DEFAULT_TIMEOUT) -> list[TaskResult]:
+    """The scorecard of an executed notebook's cells (nbgrader's rule: a graded cell scores when it ran without an
+    error), with each failure's whole verdict, or its cause when that lies in the task's answer cell."""
     results = []
-    for cell in graded_cells(nb):
-        meta = cell.metadata["nbgrader"]
+    for at, cell in enumerate(cells):
+        if not _is_graded(cell):
+            continue
+        meta = _meta(cell)
         points = float(meta.get("points", 0) or 0)
         gid = meta.get("grade_id", "?")
         if not _checksum_ok(cell):
             results.append(TaskResult(gid, points, False, "the graded cell was modified: restore it "
                                                           "(it must be the one-line checker call)"))
             continue
-        err = _first_error_line(cell)
-        if err is None and cell.get("execution_count") is None:
-            err = "the cell did not run"
-        results.append(TaskResult(gid, points, err is None, err or ""))
+        err = _error(cell)
+        if err is None:
+            ran = cell.get("execution_count") is not None
+            results.append(TaskResult(gid, points, ran, "" if ran else "the cell did not run"))
+            continue
+        cause = _answer_trouble(cells, _answer_cells(cells, at, gid), gid, timeout, err)
+        results.append(TaskResult(gid, points, False, cause or _verdict(err, timeout)))
     return results
+
+
+def scorecard_lines(r: TaskResult, width: int) -> list[str]:
+    """One task's lines of the scorecard: id, points and pass, or FAIL and the whole verdict, its later lines
+    indented under its first."""
+    mark = f"{_fmt(r.points if r.passed else 0)}/{_fmt(r.points)}"
+    head = f"  {r.grade_id:<{width}}  {mark:>7}  "
+    if r.passed:
+        return [head + "pass"]
+    first, *rest = r.message.splitlines() or [""]
+    return [f"{head}FAIL  {first}".rstrip()] + [" " * (len(head) + 6) + line for line in rest]
 
 
 def _fmt(x: float) -> str:
@@ -137,9 +224,7 @@ def cmd_grade(args) -> int:
         width = max([len(r.grade_id) for r in results] + [4])
         for r in results:
             any_graded = True
-            mark = f"{_fmt(r.points if r.passed else 0)}/{_fmt(r.points)}"
-            status = "pass" if r.passed else f"FAIL  {r.message}"
-            print(f"  {r.grade_id:<{width}}  {mark:>7}  {status}")
+            print("\n".join(scorecard_lines(r, width)))
             got += r.points if r.passed else 0
             total += r.points
     if not any_graded:

@@ -15,6 +15,30 @@ suite without the integrity checks (tests/ run it on minillm's own implementatio
 A failure raises one GradingError (an AssertionError: nbgrader and pytest count it as a failed test) that reads like
 feedback: what went wrong, the smallest failing example hypothesis found, a hint.
 
+Feedback: the conventions a lab's grader follows (lab08 and later too)
+  - The verdict is `message` / `Smallest failing example` / `Hint`, raised with `fail(message, hint)` (or `check`)
+    inside a property that `run_property` runs, or anywhere in `verify`. Never `assert` or a bare exception.
+  - The message says what was wrong on which case, in the statement's words; a known mistake is named after " — "
+    (`diagnose` against the lab's list of wrong variants).
+  - The example is what the learner's code was called with, never the generator's knobs (seeds, sizes used to
+    build the inputs): for a function answer `run_property` shows its last call in the failing example, by the
+    learner's own argument names (the Watch records calls, rendered by `show`: tensors as dtype and shape); for a
+    class answer, the property's arguments (the operations that drove it: name them so they read as such); pass
+    `example=False` when the message already shows the case, or `example=callable` to render it yourself. Extra
+    calls of the answer made to explain a failure go inside `diagnose` or `with not_recorded():`.
+  - Hints are staged (`Hint(nudge, more, show)`), counted per task in the kernel session (`Task.check`): the first
+    failure shows the nudge (the concept and where to look; no formula, no code), the second adds `more`, the
+    third on adds the "Show me:" line with the formula. A pass starts the count again. A plain string hint is
+    shown as is on every failure: keep those to facts about the failure (a type to return, an exception to raise),
+    never the solution. An untouched answer (NotImplementedError) reads NOT_IMPLEMENTED, with no hint at all.
+  - Time: a check runs under `time_limit(Task.time_limit)` (SIGALRM; DEFAULT_TIME_LIMIT s, times the environment's
+    MINILLM_TIME_LIMIT_SCALE) and an endless loop reads "timed out after N s", naming the task and the learner's
+    function and line that were running. A lab that runs many cases may nest a shorter `time_limit` per case
+    (lab04).
+  - An exception from the learner's code reads "your code raised X: ... (in f, line N: `...`)"; one from the
+    grader itself says it is the grader's bug. In a notebook the verdict shows without a traceback
+    (GradingError._render_traceback_): no grader frame, no install path.
+
 Integrity: what an answer cell may do and still not change a verdict
   - rebind a checker's name: graded cells import their checker afresh;
   - patch a grading module (`g.run_property = ...`, `vars(g)[...] = ...`, `torch.allclose = ...`): grading modules
@@ -33,14 +57,20 @@ Integrity: what an answer cell may do and still not change a verdict
 from __future__ import annotations
 
 import builtins
+import contextlib
+import dataclasses
 import dis
 import functools
 import inspect
 import os
 import re
+import signal
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
+import traceback
 import types
 from typing import Any, Callable, Iterable
 
@@ -52,22 +82,75 @@ os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(tempfile.gett
 import torch  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-__all__ = ["GradingError", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task", "run_property",
-           "diagnose", "reject_delegation", "Watch", "seal", "verify_untampered", "NOT_IMPLEMENTED",
-           "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file"]
+__all__ = ["GradingError", "Hint", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task",
+           "run_property", "diagnose", "not_recorded", "reject_delegation", "Watch", "seal", "verify_untampered",
+           "NOT_IMPLEMENTED", "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file",
+           "show", "learner_location", "time_limit", "TimedOut", "reset_attempts", "DEFAULT_TIME_LIMIT"]
+
+
+class Hint:
+    """A hint given in stages, so that it nudges before it solves (see "Feedback" in the module docstring).
+
+    nudge: the first failure: the concept and where to look, never the formula;
+    more:  added from the second failure of the task on: a fuller explanation;
+    show:  added from the third on, on a line of its own ("Show me: ..."): the formula or the code's shape."""
+
+    __slots__ = ("nudge", "more", "show")
+
+    def __init__(self, nudge: str, more: str | None = None, show: str | None = None) -> None:
+        self.nudge, self.more, self.show = nudge.strip(), (more or "").strip() or None, (show or "").strip() or None
+
+    def stages(self) -> int:
+        return 3 if self.show else 2 if self.more else 1
+
+    def lines(self, stage: int) -> list[str]:
+        """The hint as shown on the `stage`-th failure in a row (1, 2, 3, ...)."""
+        n = self.stages()
+        label = f"Hint ({min(stage, n)}/{n})" if n > 1 and stage < n else "Hint"
+        text = self.nudge + (f" {self.more}" if self.more and stage >= 2 else "")
+        return [f"{label}: {text}"] + ([f"Show me: {self.show}"] if self.show and stage >= 3 else [])
+
+
+def _hint_lines(hint: "Hint | str | None", stage: int) -> list[str]:
+    if hint is None:
+        return []
+    if isinstance(hint, Hint):
+        return hint.lines(stage)
+    return [f"Hint: {str(hint).strip()}"]          # a plain string: the same on every failure
 
 
 class GradingError(AssertionError):
-    """The verdict of a checker. An AssertionError so nbgrader (and pytest) count it as a failed test."""
+    """The verdict of a checker. An AssertionError so nbgrader (and pytest) count it as a failed test.
+
+    It keeps its parts (`message`, `example`, `hint`) so that `Task.check` can show the hint at the stage the
+    learner has reached (`stage`: this task's failures in a row in the kernel session). In a notebook it renders
+    as the verdict alone, without a traceback (`_render_traceback_`, which IPython calls instead of formatting
+    one): no frame of the grader, no install path above the message."""
+
+    def __init__(self, message: str, example: str | None = None, hint: "Hint | str | None" = None,
+                 stage: int = 1) -> None:
+        self.message, self.example, self.hint, self.stage = str(message).strip(), example, hint, stage
+        super().__init__(_compose(self.message, example, hint, stage))
+
+    def staged(self, stage: int) -> "GradingError":
+        """The same verdict with the hint of the `stage`-th failure."""
+        return GradingError(self.message, self.example, self.hint, stage)
+
+    def __reduce__(self):
+        return GradingError, (self.message, self.example, self.hint, self.stage)
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines() or [""]
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {lines[0]}"] + lines[1:]
 
 
-def fail(message: str, hint: str | None = None) -> None:
-    """Raise the checker's verdict (a readable message, then the hint). The one way a checker fails."""
+def fail(message: str, hint: "Hint | str | None" = None, *, example: str | None = None) -> None:
+    """Raise the checker's verdict (a readable message, the failing case, a hint). The one way a checker fails."""
     __tracebackhide__ = True
-    raise GradingError(_compose(message, None, hint)) from None
+    raise GradingError(message, example, hint) from None
 
 
-def check(condition: bool, message: str, hint: str | None = None) -> None:
+def check(condition: bool, message: str, hint: "Hint | str | None" = None) -> None:
     """`assert` for checkers: a plain-language message instead of `assert x == y`."""
     __tracebackhide__ = True
     if not condition:
@@ -286,21 +369,35 @@ class Delegated(BaseException):
 class Watch:
     """A tracer for the duration of a check: notes when minillm's implementation of the piece runs (`engine`
     code, at all) or the grader's oracle runs with the learner's code on the stack (`oracles`), and stops the
-    check there (an answer that catches the stop still fails: `seen` is recorded first)."""
+    check there (an answer that catches the stop still fails: `seen` is recorded first).
 
-    def __init__(self, engine_codes: Iterable[types.CodeType], oracle_codes: Iterable[types.CodeType] = ()) -> None:
+    It also records what the learner's answer was called with (`answer`: the code of the answer's functions or
+    methods; only calls from outside them, so not a recursion's inner calls): the arguments by the names the
+    learner gave them, rendered when the call starts (before the answer could modify them). `run_property` starts
+    a new record for every example, so after a failure `calls` holds the failing example's calls; `diagnose` pauses
+    the record while it probes the answer with other arguments."""
+
+    def __init__(self, engine_codes: Iterable[types.CodeType], oracle_codes: Iterable[types.CodeType] = (),
+                 answer_codes: Iterable[types.CodeType] = (), answer_name: str | None = None,
+                 method_calls: bool = False) -> None:
         self.engine, self.oracles = frozenset(engine_codes), frozenset(oracle_codes)
+        self.answer, self.answer_name, self.method_calls = frozenset(answer_codes), answer_name, method_calls
         self.seen: types.CodeType | None = None
         self.seen_engine = False
+        self.calls: list[str] = []
+        self.paused = 0
 
     def __enter__(self) -> "Watch":
         self.entry = sys._getframe(1)
         self.previous = sys.gettrace()
+        _WATCHES.append(self)
         sys.settrace(self._trace)
         return self
 
     def __exit__(self, *exc) -> bool:
         sys.settrace(self.previous)
+        if _WATCHES and _WATCHES[-1] is self:
+            _WATCHES.pop()
         return False
 
     def _trace(self, frame, event, arg):
@@ -308,7 +405,34 @@ class Watch:
         if self.seen is None and (code in self.engine or (code in self.oracles and self._under_learner(frame))):
             self.seen, self.seen_engine = code, code in self.engine
             raise Delegated()
+        if code in self.answer and not self.paused and (frame.f_back is None or frame.f_back.f_code not in self.answer):
+            self.calls.append(self._call(frame))
+            del self.calls[:-_KEPT_CALLS]
         return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def _call(self, frame) -> str:
+        code = frame.f_code
+        names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+        star = code.co_argcount + code.co_kwonlyargcount
+        if code.co_flags & inspect.CO_VARARGS:
+            names.append("*" + code.co_varnames[star])
+            star += 1
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            names.append("**" + code.co_varnames[star])
+        values = frame.f_locals
+        if self.method_calls and names and names[0] in ("self", "cls"):
+            names = names[1:]
+        shown = []
+        for name in names:
+            value = values.get(name.lstrip("*"))
+            if name.startswith("**"):
+                shown += [f"{k}={show(v)}" for k, v in (value or {}).items()]
+            elif name.startswith("*"):
+                shown += [show(v) for v in (value or ())]
+            else:
+                shown.append(f"{name}={show(value)}")
+        fn = code.co_name if code.co_name != "<lambda>" or not self.answer_name else self.answer_name
+        return _clip(f"{fn}({', '.join(shown)})", 600)
 
     def _under_learner(self, frame) -> bool:
         f = frame.f_back
@@ -319,12 +443,104 @@ class Watch:
         return False
 
 
+_WATCHES: list[Watch] = []       # the Watch of the check running now (innermost last)
+_KEPT_CALLS = 8
+
+
+# --------------------------------------------------------------------------- showing values compactly
+
+def _clip(text: str, room: int) -> str:
+    return text if len(text) <= room else text[:room - 1] + "…"
+
+
+def show(value: Any, room: int = 160) -> str:
+    """A short, faithful rendering of a value for feedback: small containers in full, tensors as dtype and shape
+    (their values too when there are at most 8), dataclasses by the fields that differ from their defaults. Never
+    calls code of the learner's (an object of a class defined in a notebook shows as <ClassName object>)."""
+    try:
+        return _clip(_show(value, 3), room)
+    except Exception:  # noqa: BLE001 — a rendering must never fail a check
+        return f"<{type(value).__name__}>"
+
+
+def _show(x: Any, depth: int) -> str:
+    t = type(x)
+    if x is None or t in (bool, int, float, complex):
+        return repr(x)
+    if t in (str, bytes, bytearray):
+        return _clip(repr(x), 80)
+    if isinstance(x, torch.Tensor):
+        return _show_tensor(x)
+    if isinstance(x, torch.dtype):
+        return str(x)
+    if type(x).__module__ == "numpy" and hasattr(x, "shape") and hasattr(x, "dtype"):
+        if x.ndim == 0:
+            return repr(x.item())
+        if x.size <= 8:
+            return f"array({x.tolist()!r}, dtype={x.dtype})"
+        return f"<numpy {x.dtype} array {list(x.shape)}>"
+    if isinstance(x, type):
+        return x.__qualname__
+    if isinstance(x, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)):
+        return f"<function {getattr(_unwrap(x), '__qualname__', type(x).__name__)}>"
+    if depth <= 0:
+        return f"<{t.__name__}>" if not isinstance(x, (list, tuple, dict)) else f"<{t.__name__} of {len(x)}>"
+    if t in (list, tuple, set, frozenset) or (isinstance(x, tuple) and not hasattr(x, "_fields")):
+        items = list(x) if t not in (set, frozenset) else sorted(x, key=repr)
+        shown = [_show(v, depth - 1) for v in items[:12]] + ([f"… ({len(items)} items)"] if len(items) > 12 else [])
+        inner = ", ".join(shown)
+        return {list: f"[{inner}]", set: f"{{{inner}}}", frozenset: f"frozenset({{{inner}}})"}.get(
+            t, f"({inner}{',' if len(items) == 1 else ''})")
+    if isinstance(x, tuple) and hasattr(x, "_fields"):                    # a namedtuple
+        return f"{t.__name__}(" + ", ".join(f"{k}={_show(v, depth - 1)}" for k, v in zip(x._fields, x)) + ")"
+    if isinstance(x, (dict, types.MappingProxyType)):
+        items = list(x.items())
+        shown = [f"{_show(k, 0)}: {_show(v, depth - 1)}" for k, v in items[:8]]
+        return "{" + ", ".join(shown + ([f"… ({len(items)} items)"] if len(items) > 8 else [])) + "}"
+    if dataclasses.is_dataclass(x) and not _is_learner_class(t):
+        return f"{t.__name__}(" + ", ".join(f"{f.name}={_show(getattr(x, f.name), depth - 1)}"
+                                            for f in dataclasses.fields(x) if f.repr and _not_default(x, f)) + ")"
+    if _is_learner_class(t) or t.__repr__ is object.__repr__:
+        return f"<{t.__name__} object>"
+    return _clip(repr(x), 80)
+
+
+def _show_tensor(x: torch.Tensor) -> str:
+    dtype = str(x.dtype).removeprefix("torch.")
+    if x.numel() <= 8 and x.device.type != "meta":
+        default = x.dtype in (torch.float32, torch.int64, torch.bool)
+        return f"tensor({_numbers(x.detach().cpu().tolist())}{'' if default else f', dtype={dtype}'})"
+    view = "" if x.is_contiguous() else ", a strided view"
+    return f"<{dtype} tensor of shape {list(x.shape)}{view}>"
+
+
+def _numbers(v: Any) -> str:
+    """Nested lists of numbers with 4 significant digits (a tensor's values)."""
+    if isinstance(v, list):
+        return "[" + ", ".join(_numbers(x) for x in v) + "]"
+    return f"{v:.4g}" if type(v) is float else repr(v)
+
+
+def _not_default(obj: Any, f: "dataclasses.Field") -> bool:
+    value = getattr(obj, f.name)
+    if f.default is not dataclasses.MISSING:
+        return not (type(value) is type(f.default) and value == f.default)
+    return True
+
+
+def _is_learner_class(t: type) -> bool:
+    module = sys.modules.get(t.__module__)
+    path = getattr(module, "__file__", None)
+    return t.__module__ == "__main__" or (path is not None and not is_library_file(path))
+
+
 # --------------------------------------------------------------------------- running a property
 
 _NOTE_RE = re.compile(r"^(Falsifying|Failing)( explicit)? (example|test case): \w+\(\s*(?P<args>.*)\)\s*$", re.S)
 
 
 def _format_example(notes: list[str]) -> str | None:
+    """Hypothesis' own note of the failing example (used only when the example's arguments were not captured)."""
     for note in notes:
         m = _NOTE_RE.match(note.strip())
         if m:
@@ -333,24 +549,39 @@ def _format_example(notes: list[str]) -> str | None:
     return None
 
 
-def _compose(message: str, example: str | None, hint: str | None) -> str:
+def _compose(message: str, example: str | None, hint: "Hint | str | None", stage: int = 1) -> str:
     parts = [message.strip()]
-    if example:
+    if example and not message.startswith(NOT_IMPLEMENTED[:20]):
         parts.append(f"Smallest failing example: {example}")
-    if hint:
-        parts.append(f"Hint: {hint.strip()}")
+    if not message.startswith(NOT_IMPLEMENTED[:20]):
+        parts += _hint_lines(hint, stage)
     return "\n".join(parts)
+
+
+def learner_location(exc: BaseException) -> str:
+    """Where in the learner's own code an exception was raised, e.g. ' (in attend, line 7: `k = k[idx]`)': the
+    innermost frame of its traceback that is neither minillm's, nor a library's (no file path: in a notebook the
+    line number counts from the top of the cell)."""
+    mine = [f for f in traceback.extract_tb(exc.__traceback__) if not is_library_file(f.filename)
+            or f.filename.startswith("<ipython")]
+    if not mine:
+        return ""
+    f = mine[-1]
+    line = (f.line or "").strip()
+    return f" (in {f.name}, line {f.lineno}" + (f": `{_clip(line, 80)}`)" if line else ")")
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, NotImplementedError) or _caused_by_not_implemented(exc):
         return NOT_IMPLEMENTED
+    if isinstance(exc, GradingError):
+        return exc.message or "a property did not hold"
     if isinstance(exc, AssertionError):
         text = str(exc).strip()
         return text or "a property did not hold"
     text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"your code raised {type(exc).__name__}: {first}" if first else f"your code raised {type(exc).__name__}"
+    first = _clip(text[0], 200) if text else ""
+    return (f"your code raised {type(exc).__name__}" + (f": {first}" if first else "") + learner_location(exc))
 
 
 def _caused_by_not_implemented(exc: BaseException) -> bool:
@@ -362,11 +593,17 @@ def _caused_by_not_implemented(exc: BaseException) -> bool:
     return False
 
 
-def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: str | None = None) -> None:
+def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: "Hint | str | None" = None,
+                 example: "bool | Callable[..., str]" = True) -> None:
     """Run a hypothesis `@given` test with grading settings; on failure raise one readable GradingError.
 
     Settings: no deadline, derandomized (same examples on every run), no example database, bounded examples,
-    slow-data health checks off. Explicit `@example`s run first, so hand-picked edge cases always run."""
+    slow-data health checks off. Explicit `@example`s run first, so hand-picked edge cases always run.
+
+    The verdict's "Smallest failing example" (example=True): for a function answer, its last call in the failing
+    example (what the learner's function was called with, by its own argument names); for a class answer, the
+    property's arguments (the operations that drove it). example=False: none (the message shows the case itself);
+    a callable: its text for the property's arguments, `example(**kwargs)`."""
     __tracebackhide__ = True
     configured = settings(
         deadline=None, derandomize=True, database=None, max_examples=max_examples, print_blob=False,
@@ -375,37 +612,161 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: s
                                HealthCheck.large_base_example],
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
     )(test_fn)
+    watch = _WATCHES[-1] if _WATCHES else None
+    last: dict = {}
+    inner = configured.hypothesis.inner_test
+
+    def one_example(*args, **kwargs):
+        __tracebackhide__ = True
+        last.clear()
+        last.update(args=args, kwargs=kwargs)
+        if watch is not None:
+            watch.calls.clear()
+        return inner(*args, **kwargs)
+    configured.hypothesis.inner_test = one_example
     try:
         configured()
-    except (KeyboardInterrupt, SystemExit, Delegated):
+    except (KeyboardInterrupt, SystemExit, Delegated, TimedOut):
         raise
     except BaseException as exc:  # noqa: BLE001 — the learner's code may raise anything
-        example = _format_example(list(getattr(exc, "__notes__", []) or []))
         described = _describe(exc)
-        raise GradingError(_compose(described, None if described == NOT_IMPLEMENTED else example,
-                                    None if described == NOT_IMPLEMENTED else hint)) from None
+        if described == NOT_IMPLEMENTED:
+            raise GradingError(NOT_IMPLEMENTED) from None
+        shown = _example_text(example, watch, inner, last, exc)
+        own_hint = exc.hint if isinstance(exc, GradingError) else None
+        raise GradingError(described, exc.example if isinstance(exc, GradingError) and exc.example else shown,
+                           own_hint if own_hint is not None else hint) from None
+
+
+def _example_text(example, watch: "Watch | None", inner, last: dict, exc: BaseException) -> str | None:
+    if example is False:
+        return None
+    if watch is not None and watch.answer and not watch.method_calls:      # a function answer: its call
+        return watch.calls[-1] if watch.calls else None
+    try:
+        bound = inspect.signature(inner).bind(*last.get("args", ()), **last.get("kwargs", {}))
+    except (TypeError, ValueError):
+        return _format_example(list(getattr(exc, "__notes__", []) or []))
+    if callable(example):
+        try:
+            return example(**bound.arguments)
+        except Exception:  # noqa: BLE001 — a rendering must never hide the verdict
+            pass
+    return ", ".join(f"{k}={show(v, 400)}" for k, v in bound.arguments.items()) or None
 
 
 def diagnose(fn: Callable[..., Any], variants: list[tuple[str, Callable[..., Any]]], probes: list[tuple],
              same: Callable[[Any, Any], bool]) -> str | None:
     """Name the known mistake the learner made: the first `(why, wrong_fn)` of `variants` that agrees with
-    `fn` on every argument tuple in `probes`. None when no variant explains `fn`'s answers."""
-    outs = []
-    for args in probes:
-        try:
-            outs.append(fn(*args))
-        except Exception:  # noqa: BLE001
-            return None
-    for why, wrong in variants:
-        try:
-            if all(same(out, wrong(*args)) for out, args in zip(outs, probes)):
-                return why
-        except Exception:  # noqa: BLE001
-            continue
+    `fn` on every argument tuple in `probes`. None when no variant explains `fn`'s answers. (The calls it makes
+    are not recorded as the failing example's.)"""
+    with not_recorded():
+        outs = []
+        for args in probes:
+            try:
+                outs.append(fn(*args))
+            except Exception:  # noqa: BLE001
+                return None
+        for why, wrong in variants:
+            try:
+                if all(same(out, wrong(*args)) for out, args in zip(outs, probes)):
+                    return why
+            except Exception:  # noqa: BLE001
+                continue
     return None
 
 
+@contextlib.contextmanager
+def not_recorded():
+    """Calls of the learner's answer made inside this block (probes, diagnoses) are not the failing example."""
+    watch = _WATCHES[-1] if _WATCHES else None
+    if watch is not None:
+        watch.paused += 1
+    try:
+        yield
+    finally:
+        if watch is not None:
+            watch.paused -= 1
+
+
+# --------------------------------------------------------------------------- time limits
+
+class TimedOut(BaseException):
+    """A grader's time limit ran out. A BaseException: the learner's `except Exception` does not swallow it, and
+    hypothesis lets it through (no shrinking of an endless loop). `limit` is the `time_limit` that ran out; `where`
+    the innermost frame of the learner's code that was running, when there was one ("in f, line 3")."""
+
+    def __init__(self, limit: "_Limit", where: str) -> None:
+        super().__init__(f"timed out after {limit.seconds:g} s")
+        self.limit, self.where = limit, where
+
+
+class _Limit:
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.deadline = float(seconds), time.monotonic() + float(seconds)
+
+
+_LIMITS: list[_Limit] = []          # the active limits, outermost first
+_OLD_HANDLER: list = []
+
+
+def _can_alarm() -> bool:
+    return (hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+            and (bool(_LIMITS) or signal.getitimer(signal.ITIMER_REAL)[0] == 0))   # never take over a foreign timer
+
+
+def _arm() -> None:
+    if not _LIMITS:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return
+    left = min(x.deadline for x in _LIMITS) - time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), 1.0)     # and again every second, should it be swallowed
+
+
+def _on_alarm(signum, frame) -> None:
+    now = time.monotonic()
+    expired = [x for x in _LIMITS if x.deadline <= now + 0.01]
+    if not expired:
+        _arm()
+        return
+    where = ""
+    f = frame
+    while f is not None:
+        if _is_learner_code(f.f_code, f.f_globals):
+            where = f"in {f.f_code.co_name}, line {f.f_lineno}"
+            break
+        f = f.f_back
+    raise TimedOut(expired[0], where)           # the outermost: its owner reports it
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise TimedOut in this block once it has run `seconds` (SIGALRM: the main thread on POSIX; elsewhere, or
+    with seconds=None, no limit). Limits nest; an inner one never extends an outer one. Yields the limit, so its
+    owner can tell its own TimedOut (`e.limit is limit`) from an outer one's."""
+    if seconds is None or not _can_alarm():
+        yield None
+        return
+    limit = _Limit(seconds)
+    if not _LIMITS:
+        _OLD_HANDLER[:] = [signal.signal(signal.SIGALRM, _on_alarm)]
+    _LIMITS.append(limit)
+    _arm()
+    try:
+        yield limit
+    finally:
+        _LIMITS.remove(limit)
+        _arm()
+        if not _LIMITS and _OLD_HANDLER:
+            signal.signal(signal.SIGALRM, _OLD_HANDLER.pop())
+
+
 # --------------------------------------------------------------------------- the task
+
+# A check stops after this long (seconds) unless its Task says otherwise: the solutions' checks take 0.1-20 s on a
+# loaded 2-core machine, so only an answer that loops forever gets near it.
+DEFAULT_TIME_LIMIT = 120.0
+
 
 class Task:
     """One graded task: `check` for learners, `verify` for tests (see the module docstring).
@@ -417,16 +778,18 @@ class Task:
     kind:    the answer's shape: "function"; "class" (with `methods`); "methods" (a subclass of `base` that
              defines `methods` itself, e.g. a Scheduler subclass with its own schedule_running)
     form:    answer -> the object to verify, checking its shape (default: from kind)
+    time_limit: seconds the whole check may take before it stops with "timed out after N s" (an endless loop in
+             the answer); about 10x what a correct answer takes on a slow 2-core machine.
     """
 
     def __init__(self, task_id: str, *, what: str, verify: Callable[[Any], None],
                  engine: Callable[[], list], oracles: Callable[[], list] = list, kind: str = "function",
                  base: type | None = None, methods: tuple[str, ...] = (),
-                 form: Callable[[Any], Any] | None = None) -> None:
+                 form: Callable[[Any], Any] | None = None, time_limit: float = DEFAULT_TIME_LIMIT) -> None:
         if kind not in ("function", "class", "methods"):
             raise ValueError(f"unknown answer kind {kind!r}")
         self.id, self.what, self.kind, self.base, self.methods = task_id, what, kind, base, methods
-        self._verify, self._engine, self._oracles = verify, engine, oracles
+        self._verify, self._engine, self._oracles, self.time_limit = verify, engine, oracles, time_limit
         if form is None:
             form = (function_answer(what) if kind == "function" else
                     class_answer(what, methods) if kind == "class" else
@@ -453,6 +816,20 @@ class Task:
         return check_answer
 
     def check(self, answer: Any) -> None:
+        """Grade an answer; a failure raises GradingError with the hint of this task's failures in a row so far
+        in this kernel session (1: a nudge, 2: more, 3 and on: "Show me"). A pass starts the count again; "not
+        implemented yet" does not count."""
+        __tracebackhide__ = True
+        try:
+            self._check(answer)
+        except GradingError as e:
+            if e.message.startswith(NOT_IMPLEMENTED[:20]):
+                raise GradingError(NOT_IMPLEMENTED) from None
+            n = _ATTEMPTS[self.id] = _ATTEMPTS.get(self.id, 0) + 1
+            raise e.staged(n) from None
+        _ATTEMPTS.pop(self.id, None)
+
+    def _check(self, answer: Any) -> None:
         __tracebackhide__ = True
         verify_untampered()
         if answer is None:
@@ -464,9 +841,10 @@ class Task:
             obj = self._form(answer)
         except NotImplementedError:
             fail(NOT_IMPLEMENTED)
-        watch = Watch([c for e in engine for c in _codes(e)], [c for o in oracles for c in _codes(o)])
+        watch = Watch([c for e in engine for c in _codes(e)], [c for o in oracles for c in _codes(o)],
+                      _answer_codes(obj), self.what, method_calls=isinstance(obj, type))
         verdict = None
-        with watch:
+        with time_limit(self.time_limit * _time_scale()) as limit, watch:
             try:
                 self._verify(obj)
             except GradingError as e:
@@ -475,12 +853,74 @@ class Task:
                 verdict = GradingError(NOT_IMPLEMENTED)
             except Delegated:
                 pass
+            except TimedOut as e:
+                if e.limit is not limit:
+                    raise
+                verdict = self._timed_out(e, watch)
+            except Exception as e:  # noqa: BLE001 — an error outside run_property: the learner's, or the grader's
+                verdict = self._crashed(e, watch)
         if watch.seen is not None:
             whose = "minillm's own implementation" if watch.seen_engine else "the grader's reference answer"
             fail(f"your {self.what} runs {whose} ({watch.seen.co_name} in {os.path.basename(watch.seen.co_filename)}) "
                  "instead of your code.", _DELEGATES)
         if verdict is not None:
             raise verdict
+
+    def _timed_out(self, e: TimedOut, watch: Watch) -> GradingError:
+        where = f" (it was running your code, {e.where})" if e.where else ""
+        call = f"; the call in progress: {watch.calls[-1]}" if watch.calls else ""
+        return GradingError(
+            f"timed out after {e.limit.seconds:g} s: the check of {self.id} ({self.what}) did not finish{where}{call}"
+            " — an endless loop?", None,
+            "look for a loop whose condition never changes (an index that is not advanced, a queue that never "
+            "empties) or a recursion that never reaches its base case; a correct answer takes a few seconds here.")
+
+    def _crashed(self, e: Exception, watch: Watch) -> GradingError:
+        where = learner_location(e)
+        if where or _raised_in_learner_code(e):
+            return GradingError(_describe(e), watch.calls[-1] if watch.calls and not watch.method_calls else None)
+        first = (str(e).strip().splitlines() or [""])[0]
+        return GradingError(f"the checker of {self.id} itself failed ({type(e).__name__}: {_clip(first, 200)}), so "
+                            "it cannot give a verdict: this is a bug in minillm's grader, please report it.")
+
+
+_ATTEMPTS: dict[str, int] = {}       # task id -> its failed checks in a row, in this kernel session
+
+
+def _time_scale() -> float:
+    """MINILLM_TIME_LIMIT_SCALE (default 1) multiplies every check's time limit: more on a slow machine, less in
+    the tests of the limit itself."""
+    __tracebackhide__ = True
+    text = os.environ.get("MINILLM_TIME_LIMIT_SCALE", "").strip()
+    if not text:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = float("nan")
+    if not (0 < scale < float("inf")):
+        fail(f"MINILLM_TIME_LIMIT_SCALE={text!r} is not a positive number: unset it, or set e.g. 2 to give every "
+             "check twice as long.")
+    return scale
+
+
+def reset_attempts() -> None:
+    """Forget every task's failures (the next failure gets the first hint again)."""
+    _ATTEMPTS.clear()
+
+
+def _answer_codes(obj: Any) -> list[types.CodeType]:
+    """The code objects of the learner's own functions in an answer (whose calls the Watch records)."""
+    return [f.__code__ for f in _functions(obj) if _is_learner_code(f.__code__, f.__globals__)]
+
+
+def _raised_in_learner_code(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if _is_learner_code(tb.tb_frame.f_code, tb.tb_frame.f_globals):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def minillm_objects(*paths: str) -> Callable[[], list]:

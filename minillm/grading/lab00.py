@@ -18,7 +18,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
+from minillm.grading.core import Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
 
 __all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3", "TASKS"]
 
@@ -120,9 +120,12 @@ def verify_lab00_1(linear_flops_bytes):
         fail(f"got (flops, bytes) = ({got[0]:g}, {got[1]:g}), expected ({ref[0]:g}, {ref[1]:g})"
              + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=60,
-                 hint="FLOPs = 2·T·d_in·d_out; bytes = dtype_bytes·(d_in·d_out + T·d_in + T·d_out): weights "
-                      "read once, activations read, outputs written.")
+    run_property(prop, max_examples=60, hint=Hint(
+        "count the work of Y = X @ Wᵀ per weight and per token, and the bytes of every tensor the matmul reads or "
+        "writes, not only the weights.",
+        "each weight meets every token once, and a multiply plus an add is 2 FLOPs; the memory traffic is W read "
+        "once, X read and Y written, at dtype_bytes per element.",
+        "FLOPs = 2·T·d_in·d_out; bytes = dtype_bytes·(d_in·d_out + T·d_in + T·d_out)."))
 
 
 # --------------------------------------------------------------------------- lab00_2
@@ -199,11 +202,14 @@ def verify_lab00_2(model_flops_bytes):
              f"{args[1]}, num_logits={args[2]}, hidden_size={cfg.hidden_size}, heads {cfg.num_heads} x head_dim "
              f"{cfg.head_dim}" + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=60,
-                 hint="sum linear_flops_bytes over every matmul: per layer qkv_proj [hidden -> (H + 2·KVH)·D], "
-                      "o_proj [H·D -> hidden], gate_up_proj [hidden -> 2·intermediate], down_proj "
-                      "[intermediate -> hidden], times num_layers; plus the LM head [hidden -> vocab] on "
-                      "num_logits tokens.")
+    run_property(prop, max_examples=60, hint=Hint(
+        "a forward pass is a sum of matmuls: list every linear layer of a decoder layer and at the model's end, "
+        "with its input and output widths and how many tokens go through it.",
+        "per layer: the fused q/k/v projection (K and V have only the kv heads), o_proj, the MLP's gate/up and "
+        "down, times num_layers; the LM head runs on num_logits tokens only. linear_flops_bytes gives each one.",
+        "sum linear_flops_bytes over: qkv_proj [hidden -> (H + 2·KVH)·D], o_proj [H·D -> hidden], gate_up_proj "
+        "[hidden -> 2·intermediate], down_proj [intermediate -> hidden], times num_layers; plus the LM head "
+        "[hidden -> vocab] on num_logits tokens."))
 
 
 # --------------------------------------------------------------------------- lab00_3
@@ -240,9 +246,11 @@ def verify_lab00_3(roofline_time):
         fail(f"roofline_time = {got:.6g} s, expected {ref:.6g} s (compute {flops / peak_flops:.3g} s, memory "
              f"{nbytes / bandwidth:.3g} s)" + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=60,
-                 hint="time >= flops / peak_flops and time >= nbytes / bandwidth, so the bound is "
-                      "max(flops / peak_flops, nbytes / bandwidth).")
+    run_property(prop, max_examples=60, hint=Hint(
+        "the roofline: the work can go no faster than the compute roof, nor than the memory roof, and at best the "
+        "two overlap.",
+        "work out the time each roof alone imposes (work / rate): the real time must respect both at once.",
+        "max(flops / peak_flops, nbytes / bandwidth)."))
 
 
 # --------------------------------------------------------------------------- the tasks

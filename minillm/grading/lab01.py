@@ -21,7 +21,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property, seal
+from minillm.grading.core import Hint, Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property, seal
 
 __all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3", "TASKS", "reference_attend"]
 
@@ -162,10 +162,13 @@ def verify_lab01_1(attend):
         fail(f"wrong output for {shapes}, scale={scale:g}: max error {float(err.max()):.3g} at query {i} "
              f"(position {L - n + i} of {L}), head {rest // out.shape[2]}" + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=80,
-                 hint="scores = scale · q·k for head h against kv head h // (H // KVH); mask keys after "
-                      "position L - n + i for query i; softmax over keys (subtract the row max first); "
-                      "weighted sum of v; return q's dtype.")
+    run_property(prop, max_examples=80, hint=Hint(
+        "causal attention over a cache: which keys may query i of the last n positions see, and which kv head "
+        "does each query head read?",
+        "query i sits at absolute position L - n + i; consecutive query heads share one kv head (GQA); exp() of "
+        "large scores overflows unless each row is shifted by its maximum first; return q's dtype.",
+        "scores = scale · q·k for head h against kv head h // (H // KVH); mask keys after position L - n + i for "
+        "query i; softmax over keys (subtract the row max first); weighted sum of v; return q's dtype."))
 
 
 # --------------------------------------------------------------------------- lab01_2 and lab01_3: sizing
@@ -239,9 +242,12 @@ def verify_lab01_2(kv_cache_bytes):
              f"num_kv_heads={cfg.num_kv_heads}, head_dim={cfg.head_dim}, hidden_size={cfg.hidden_size}"
              + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=60,
-                 hint="bytes = 2 (K and V) · num_layers · num_kv_heads · head_dim · batch_size · seq_len · "
-                      "dtype_bytes.")
+    run_property(prop, max_examples=60, hint=Hint(
+        "count what one token leaves in the cache in every layer (which tensors, how many heads, how wide), then "
+        "scale up.",
+        "per layer and token the cache keeps a K and a V vector for every kv head (not every query head), "
+        "head_dim numbers each, dtype_bytes per number; every sequence of the batch has its own.",
+        "bytes = 2 (K and V) · num_layers · num_kv_heads · head_dim · batch_size · seq_len · dtype_bytes."))
 
 
 def _per_seq(c, s, d):
@@ -288,9 +294,13 @@ def verify_lab01_3(max_num_seqs):
         fail(f"max_num_seqs = {got}, expected {ref} (free memory {free / 2**30:.3g} GiB, KV per sequence "
              f"{per / 2**30:.3g} GiB)" + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=60,
-                 hint="free = memory_bytes - weight_bytes; each sequence needs kv_cache_bytes(cfg, 1, seq_len, "
-                      "dtype_bytes); the answer is floor(free / per_sequence), and 0 if free < 0.")
+    run_property(prop, max_examples=60, hint=Hint(
+        "capacity planning: what memory is left once the weights are loaded, and how much does one full-length "
+        "sequence need?",
+        "a sequence fits only whole (round down), and none fits when the weights alone exceed the memory; one "
+        "sequence's cache is your kv_cache_bytes with batch_size 1.",
+        "free = memory_bytes - weight_bytes; each sequence needs kv_cache_bytes(cfg, 1, seq_len, dtype_bytes); the "
+        "answer is floor(free / per_sequence), and 0 if free < 0."))
 
 
 # --------------------------------------------------------------------------- the tasks

@@ -22,7 +22,7 @@ from collections import Counter
 
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import GradingError, Task, as_int, as_ints, diagnose, fail, minillm_objects, \
+from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, diagnose, fail, minillm_objects, \
     run_property, seal
 from minillm.kv.block_allocator import BlockAllocator, NoFreeBlocksError
 from minillm.kv.block_manager import BlockManager, slot_mapping as engine_slot_mapping
@@ -115,9 +115,12 @@ def verify_lab02_1(slot_mapping):
         fail(f"{call} returned {shown}, expected {ref[:16]}{'…' if len(ref) > 16 else ''}"
              + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=80,
-                 hint="for p in range(start, end): slot = block_table[p // block_size] * block_size + "
-                      "p % block_size.")
+    run_property(prop, max_examples=80, hint=Hint(
+        "paging: a position lives in a logical block of its sequence, and the block table says which physical "
+        "block of the pool that is.",
+        "the logical block of position p is p // block_size and its offset p % block_size; physical block k holds "
+        "slots k·block_size … k·block_size + block_size − 1; positions run from start to end − 1.",
+        "for p in range(start, end): slot = block_table[p // block_size] * block_size + p % block_size."))
 
 
 # --------------------------------------------------------------------------- lab02_2 block allocator
@@ -134,7 +137,7 @@ def _allocator_run(cls, num_blocks, ops):
 
     def bad(msg):
         shown = calls if len(calls) <= 30 else calls[:12] + [f"... {len(calls) - 24} more ..."] + calls[-12:]
-        fail(f"{msg} | Calls: {'; '.join(shown) if shown else '(none)'}")
+        fail(msg, example="; ".join(shown) if shown else "(no calls)")       # the calls made, as made
 
     calls.append(f"a = BlockAllocator({num_blocks})")
     a = cls(num_blocks)
@@ -246,11 +249,14 @@ def verify_lab02_2(allocator_cls):
     def prop(num_blocks, ops):
         _allocator_run(allocator_cls, num_blocks, ops)
 
-    run_property(prop, max_examples=120,
-                 hint="keep a free pool (e.g. a deque of block ids) and a ref_count per block: allocate pops a "
-                      "block and sets its count to 1; share adds 1; free subtracts 1 and puts the block back "
-                      "only at 0; raise ValueError for share/free of a free block, NoFreeBlocksError when the "
-                      "pool is empty.")
+    run_property(prop, max_examples=120, hint=Hint(
+        "an allocator is a free pool plus a reference count per block: follow the count of the block each call "
+        "touches.",
+        "allocate hands out a free block with count 1 (NoFreeBlocksError when none is free); share adds a reference; "
+        "free drops one and returns the block to the pool only at 0; share or free of a free block is a ValueError.",
+        "keep a free pool (e.g. a deque of block ids) and a ref_count per block: allocate pops a block and sets its "
+        "count to 1; share adds 1; free subtracts 1 and puts the block back only at 0; raise ValueError for "
+        "share/free of a free block, NoFreeBlocksError when the pool is empty."))
 
 
 # --------------------------------------------------------------------------- lab02_3 the paging core
@@ -388,17 +394,24 @@ def verify_lab02_3(block_manager_cls):
         try:
             run_operations(cls, ops, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False)
         except GradingError as e:
-            what, _, calls = str(e).partition(" | Calls: ")
+            what, _, calls = e.message.partition(" | Calls: ")
             why = _diagnose_manager(cls)
-            fail(what + (f" — {why}" if why else "") + note
-                 + (f"\nCalls (block_size {block_size}, {num_blocks} blocks): {calls}" if calls else ""))
+            fail(what + (f" — {why}" if why else "") + note,
+                 example=f"a BlockManager({num_blocks} blocks, block_size {block_size}), then: {calls}" if calls
+                 else None)
 
-    run_property(prop, max_examples=150,
-                 hint="append_slots: first count what is needed (num_blocks_needed) and raise NoFreeBlocksError "
-                      "if it is more than num_free_blocks; replace every shared block (ref_count > 1) that the new "
-                      "positions [computed, num_tokens) fall in by a fresh block, free your reference to the old "
-                      "one and return (old, new); then append blocks until the table covers num_tokens. fork: copy "
-                      "the table and share each block. free: one allocator.free per table entry.")
+    run_property(prop, max_examples=150, hint=Hint(
+        "copy-on-write paging: a block that two tables share (ref_count > 1) must not be written in place, and a "
+        "step either gets all the blocks it needs or changes nothing.",
+        "num_blocks_needed counts the new blocks plus the private copies the next write needs; append_slots checks "
+        "that against num_free_blocks before touching anything, copies the shared blocks about to be written "
+        "(returning (old, new) pairs) and appends blocks; fork shares every block of the parent; free drops one "
+        "reference per table entry.",
+        "append_slots: first count what is needed (num_blocks_needed) and raise NoFreeBlocksError if it is more "
+        "than num_free_blocks; replace every shared block (ref_count > 1) that the new positions [computed, "
+        "num_tokens) fall in by a fresh block, free your reference to the old one and return (old, new); then "
+        "append blocks until the table covers num_tokens. fork: copy the table and share each block. free: one "
+        "allocator.free per table entry."))
 
 
 # --------------------------------------------------------------------------- the tasks

@@ -28,8 +28,8 @@ import tempfile
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Task, Watch, as_tensor, check, diagnose, fail, minillm_objects,
-                                  reject_delegation, run_property, seal)
+from minillm.grading.core import (GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
+                                  minillm_objects, reject_delegation, run_property, seal)
 from minillm.testing import PagedCase, make_paged_case
 
 __all__ = ["check_lab03_1", "check_lab03_2", "check_lab03_3", "TASKS", "launch_paged_attention", "dense_decode_ref",
@@ -120,11 +120,12 @@ def verify_lab03_1(gather_kv):
             fail(f"wrong rows for {where}" + (f" — {why}" if why else ""))
         check(_same_bits(c.k_cache, cache_before), "gather_kv modified the cache: it must only read it")
 
-    run_property(prop, max_examples=40,
-                 hint="positions p = 0..seq_len-1 live at cache[block_table[p // bs], p % bs]; e.g. index the cache "
-                      "with the first cdiv(seq_len, bs) table entries (as int64), reshape the [n_blocks, bs, KVH, D] "
-                      "result to [n_blocks*bs, KVH, D] and keep the first seq_len rows. The engine's cache is a "
-                      "strided view: use .reshape, not .view.")
+    run_property(prop, max_examples=40, hint=Hint(
+        "read the cache through the block table: where does position p of the sequence live in the paged cache?",
+        "position p is in physical block block_table[p // block_size], at row p % block_size; keep exactly seq_len "
+        "rows, in the cache's dtype; the engine's cache is a strided view, and block ids can exceed 255.",
+        "index the cache with the first cdiv(seq_len, bs) table entries (as int64), reshape the [n_blocks, bs, KVH, "
+        "D] result to [n_blocks*bs, KVH, D] (.reshape, not .view) and keep the first seq_len rows."))
 
 
 # --------------------------------------------------------------------------- lab03_2: online softmax
@@ -256,10 +257,14 @@ def verify_lab03_2(online_softmax_update):
         check(torch.allclose(acc.double() / l.double()[:, None], want_out, rtol=1e-5, atol=1e-6),
               "acc / l after the last block differs from softmax(scores) @ values")
 
-    run_property(prop, max_examples=60,
-                 hint="m_new = max(m, scores.max(-1)); alpha = exp(m - m_new) (0 on the first block, where m = -inf); "
-                      "p = exp(scores - m_new[:, None]); l_new = l * alpha + p.sum(-1); "
-                      "acc_new = acc * alpha[:, None] + p @ values; keep the inputs' dtype.")
+    run_property(prop, max_examples=60, hint=Hint(
+        "online softmax keeps a running max m, a running sum l and an accumulator acc: when a block raises the max, "
+        "what happens to what l and acc already hold?",
+        "they were computed against the old max: rescale them by exp(m_old − m_new) before adding the block's "
+        "exp(score − m_new) terms (times the values, for acc); on the first block m = −inf, so that factor is 0, "
+        "not NaN; keep the inputs' dtype.",
+        "m_new = max(m, scores.max(-1)); alpha = exp(m - m_new); p = exp(scores - m_new[:, None]); l_new = l * "
+        "alpha + p.sum(-1); acc_new = acc * alpha[:, None] + p @ values."))
 
 
 # --------------------------------------------------------------------------- lab03_3: the Triton kernel
@@ -450,11 +455,18 @@ def _kcase(seq_lens, heads, head_dim, block_size, layout, share_prefix=False, ma
                 share_prefix=share_prefix, magnitude=magnitude, dtype=dtype, low=low, seed=seed)
 
 
-_KERNEL_HINT = ("program (seq, kv_head) handles query heads kv_head*GROUP + [0, GROUP); loop b over cdiv(seq_len, "
-                "BLOCK_SIZE) blocks, phys = load(block_tables_ptr + seq*stride_bt + b), load a [BLOCK_SIZE, D_PAD] K/V "
-                "tile at phys*stride_kb + t*stride_kt + kv_head*stride_kh + d with mask t < seq_len - b*BLOCK_SIZE; "
-                "scores -inf on masked t; online softmax in fp32 (m = -inf, l, acc with alpha = exp(m - m_new)); "
-                "store acc / l in out's dtype, masked.")
+_KERNEL_HINT_SHOW = ("program (seq, kv_head) handles query heads kv_head*GROUP + [0, GROUP); loop b over "
+                     "cdiv(seq_len, BLOCK_SIZE) blocks, phys = load(block_tables_ptr + seq*stride_bt + b), load a "
+                     "[BLOCK_SIZE, D_PAD] K/V tile at phys*stride_kb + t*stride_kt + kv_head*stride_kh + d with mask "
+                     "t < seq_len - b*BLOCK_SIZE; scores -inf on masked t; online softmax in fp32 (m = -inf, l, acc "
+                     "with alpha = exp(m - m_new)); store acc / l in out's dtype, masked.")
+_KERNEL_HINT = Hint(
+    "each program handles one (sequence, kv head): walk the sequence's blocks through its row of the block table "
+    "and fold every block into an online softmax, as in task 2.",
+    "per block: load its physical id, then [BLOCK_SIZE, D_PAD] tiles of K and V masked to the valid tokens and the "
+    "real lanes; masked tokens get score -inf; the running max starts at -inf, in fp32; the program's query heads "
+    "are kv_head * GROUP + [0, GROUP); store acc / l in out's dtype, masked.",
+    _KERNEL_HINT_SHOW)
 
 
 def _kernel_property(kernel, progress: str | None = None):
@@ -543,36 +555,52 @@ def run_kernel_check(src_path: str, name: str, result_path: str, progress_path: 
         watch = Watch(codes + [getattr(o, "fn", o).__code__ for o in engine], [o.__code__ for o in oracles])
         with watch:
             try:
-                run_property(_kernel_property(kernel, progress_path), max_examples=10, hint=_KERNEL_HINT)
+                run_property(_kernel_property(kernel, progress_path), max_examples=10, hint=_KERNEL_HINT,
+                             example=False)       # the message describes the case (the kernel's args are pointers)
             except GradingError as e:
-                verdict = str(e)
+                verdict = _verdict_json(e)
             except BaseException:             # the Watch stops the check at the first call of minillm's code
                 if watch.seen is None:
                     raise
         if watch.seen is not None:
             whose = "minillm's own implementation" if watch.seen_engine else "the grader's reference answer"
-            verdict = (f"your {task.what} runs {whose} ({watch.seen.co_name} in "
-                       f"{os.path.basename(watch.seen.co_filename)}) instead of your code.\nHint: write the kernel "
-                       "in the answer cell with your own code, instead of calling or copying minillm's.")
+            verdict = {"message": f"your {task.what} runs {whose} ({watch.seen.co_name} in "
+                                  f"{os.path.basename(watch.seen.co_filename)}) instead of your code.",
+                       "hint": "write the kernel in the answer cell with your own code, instead of calling or "
+                               "copying minillm's."}
     except GradingError as e:
-        verdict = str(e)
+        verdict = _verdict_json(e)
     with open(result_path, "w") as f:
         json.dump({"verdict": verdict}, f)
     return 0
 
 
-def _child_verdict(proc, tmp: str) -> str | None:
+def _verdict_json(e: GradingError) -> dict:
+    """A verdict's parts, to send from the child process (its hint's stages too: the parent knows the stage)."""
+    hint = e.hint
+    return {"message": e.message, "example": e.example,
+            "hint": [hint.nudge, hint.more, hint.show] if isinstance(hint, Hint) else hint}
+
+
+def _verdict_from_json(v: dict) -> GradingError:
+    hint = v.get("hint")
+    return GradingError(v["message"], v.get("example"), Hint(*hint) if isinstance(hint, list) else hint)
+
+
+def _child_verdict(proc, tmp: str) -> GradingError | None:
     result_path, progress_path = os.path.join(tmp, "result.json"), os.path.join(tmp, "case")
     try:
         proc.wait(timeout=_CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        return (f"your kernel ran for more than {_CHILD_TIMEOUT} s in the interpreter on tiny caches: does its loop "
-                "stop after cdiv(seq_len, BLOCK_SIZE) blocks?")
+        return GradingError(f"timed out after {_CHILD_TIMEOUT} s: your kernel did not finish in the interpreter on "
+                            "tiny caches — an endless loop?", None,
+                            "does its loop stop after cdiv(seq_len, BLOCK_SIZE) blocks?")
     if os.path.exists(result_path):
         with open(result_path) as f:
-            return json.load(f)["verdict"]
+            verdict = json.load(f)["verdict"]
+        return None if verdict is None else _verdict_from_json(verdict)
     case = ""
     if os.path.exists(progress_path):
         with open(progress_path) as f:
@@ -582,14 +610,20 @@ def _child_verdict(proc, tmp: str) -> str | None:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = "unknown signal"
-        return (f"your kernel crashed the Triton interpreter (signal {-proc.returncode}, {name}){case}: it reads or "
-                "writes memory outside the tensors — mask every load and store.\nHint: K/V loads with the token mask "
-                f"offs_t < seq_len - b * BLOCK_SIZE (and the lane mask); {_STORE_MASK}; read block ids only from the "
-                "first cdiv(seq_len, BLOCK_SIZE) entries of this sequence's row.")
+        return GradingError(
+            f"your kernel crashed the Triton interpreter (signal {-proc.returncode}, {name}){case}: it reads or "
+            "writes memory outside the tensors — mask every load and store.", None,
+            Hint("which loads and stores can reach past the data? The last block of a sequence is only partly "
+                 "filled, the head dimension may be padded to a power of two, and the block table has padding.",
+                 "mask the K/V loads by the valid tokens of the block and the real lanes of the head; mask the "
+                 "store by the program's real heads and lanes; read only the block ids the sequence uses.",
+                 f"K/V loads with the token mask offs_t < seq_len - b * BLOCK_SIZE (and the lane mask); "
+                 f"{_STORE_MASK}; read block ids only from the first cdiv(seq_len, BLOCK_SIZE) entries of this "
+                 "sequence's row."))
     with open(os.path.join(tmp, "stderr"), errors="replace") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    return (f"the kernel check could not run (its process exited with {proc.returncode}): "
-            + (lines[-1] if lines else "no message"))
+    return GradingError(f"the kernel check could not run (its process exited with {proc.returncode}): "
+                        + (lines[-1] if lines else "no message"))
 
 
 def verify_lab03_3(kernel):
@@ -628,7 +662,7 @@ def verify_lab03_3(kernel):
                 proc.kill()
                 proc.wait()
     if verdict is not None:
-        fail(verdict)
+        raise verdict
     if compile_error is not None:
         fail("your kernel is right in the interpreter but does not compile for a real GPU (sm80, fp16, head_dim 64, "
              f"block_size 16, group 3): {compile_error}",
@@ -647,7 +681,8 @@ TASKS = {t.id: t for t in (
     Task("lab03_3", what="paged_attention_kernel", verify=verify_lab03_3,
          engine=minillm_objects("minillm.kernels.triton_paged_attention:paged_attention_decode_kernel",
                                 "minillm.kernels.triton_paged_attention:paged_attention_decode_triton"),
-         oracles=lambda: [dense_decode_ref, _kernel_variant], form=_kernel_form),
+         oracles=lambda: [dense_decode_ref, _kernel_variant], form=_kernel_form,
+         time_limit=_CHILD_TIMEOUT + 120),       # the child's own limit speaks first
 )}
 
 

@@ -27,8 +27,6 @@ import collections
 import contextlib
 import copy
 import functools
-import signal
-import threading
 import traceback
 from dataclasses import dataclass
 
@@ -37,8 +35,8 @@ from hypothesis import example, given, strategies as st
 
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
-from minillm.grading.core import (GradingError, Task, as_int, check, fail, is_library_file, minillm_objects,
-                                  run_property, seal)
+from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, is_library_file,
+                                  minillm_objects, run_property, seal, time_limit)
 from minillm.testing import tiny_model
 
 __all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "TASKS", "fcfs_step", "Case", "make_case",
@@ -181,32 +179,17 @@ FORKS_FILL_SEATS = make_case([(_toks(70, 6), 8, 3), (_toks(71, 5), 4)], block_si
 
 # --------------------------------------------------------------------------- running a case
 
-class _Timeout(BaseException):      # not an Exception: a learner's `except Exception` must not swallow it
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-
 @contextlib.contextmanager
 def _guarded(seconds: float):
-    """One torch thread (the tiny model's ops take microseconds: more only add contention) and a SIGALRM guard
-    against endless loops (main thread on POSIX only; elsewhere no guard)."""
+    """One torch thread (the tiny model's ops take microseconds: more only add contention) and a time limit
+    against endless loops (core.time_limit, nested in the check's own; main thread on POSIX only)."""
     threads = torch.get_num_threads()
-    alarm = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread() \
-        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
     torch.set_num_threads(1)
-    if alarm:
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)   # and again every second
     try:
-        yield
+        with time_limit(seconds) as limit:
+            yield limit
     finally:
         torch.set_num_threads(threads)
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -258,11 +241,15 @@ def run_case(cls, case: Case, *, time_limit: float = TIME_LIMIT_S) -> list:
     engine = LLMEngine.from_model(tiny_model(), None, block_size=case.block_size, num_blocks=case.num_blocks,
                                   max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.budget,
                                   enable_prefix_caching=case.prefix_caching, attention_backend="torch")
+    limit = None
     try:
-        with _guarded(time_limit):
+        with _guarded(time_limit) as limit:
             return _drive(engine, cls, case)
-    except _Timeout:
-        fail(f"the scheduler did not return within {time_limit:g} s: an endless loop? (a while loop whose "
+    except TimedOut as e:
+        if limit is None or e.limit is not limit:
+            raise
+        where = f" ({e.where})" if e.where else ""
+        fail(f"the scheduler did not return within {time_limit:g} s{where}: an endless loop? (a while loop whose "
              "condition never changes, e.g. preempting a sequence that stays in self.running)")
 
 
@@ -272,7 +259,7 @@ def _drive(engine, cls, case: Case) -> list:
     try:
         sched = cls(engine.scheduler.config, engine.block_manager)
         engine.plug(scheduler=sched)
-    except (GradingError, NotImplementedError, _Timeout):
+    except (GradingError, NotImplementedError, TimedOut):
         raise
     except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
         fail(f"building your scheduler raised {type(e).__name__}: {e}{_where(e)}")
@@ -299,7 +286,7 @@ def _drive(engine, cls, case: Case) -> list:
             for o in engine.step():
                 if o.finished:
                     done[o.request_id] = [c.token_ids for c in o.outputs]
-        except (GradingError, NotImplementedError, _Timeout):
+        except (GradingError, NotImplementedError, TimedOut):
             raise
         except Exception as e:  # noqa: BLE001
             fail(_crash(e, k, state, expected, [i.seq for i in running], [i.seq for i in waiting], sched, bm))
@@ -535,20 +522,33 @@ def _checked_preempt(fn):
 
 
 SUITES = {   # task -> (hand-picked cases, hint, max_examples, pressure only)
-    1: ((CHUNKING, DECODE_PLUS_CHUNK, TINY_BUDGET, PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE),
+    1: ((CHUNKING, DECODE_PLUS_CHUNK, TINY_BUDGET, PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE), Hint(
+        "schedule_running serves the running sequences oldest first within the token budget and reserves their KV "
+        "slots; when the pool is short, the NEWEST running sequence is preempted to make room.",
+        "a decode gets 1 token, an unfinished prompt min(tokens left, budget); compare bm.num_blocks_needed with "
+        "bm.num_free_blocks before bm.append_slots; a victim goes into out.preempted, and when the victim is the "
+        "sequence itself, stop; the block copies append_slots returns go into out.block_copies.",
         "for seq in self.running (oldest first) while budget > 0: n = min(seq.num_uncomputed, budget); while "
         "bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks: preempt "
         "self.running[-1] (add it to out.preempted; return if it was seq); then out.block_copies += "
-        "bm.append_slots(...), out.scheduled.append((seq, n)), budget -= n.", 20, False),
-    2: ((CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, DECODE_PLUS_CHUNK, FORKS_FILL_SEATS),
+        "bm.append_slots(...), out.scheduled.append((seq, n)), budget -= n."), 20, False),
+    2: ((CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, DECODE_PLUS_CHUNK, FORKS_FILL_SEATS), Hint(
+        "admit_waiting takes sequences from the HEAD of the waiting queue, in order (no overtaking), while the "
+        "budget, max_num_seqs and the free blocks allow; a prompt's first chunk may be partial.",
+        "a waiting prompt starts after its cached prefix (bm.peek_prefix); stop at the first sequence whose blocks "
+        "do not fit (bm.blocks_to_admit against bm.num_free_blocks); to admit one, bm.allocate_prompt gives its "
+        "num_computed_tokens, then reserve the chunk's slots, mark it RUNNING and schedule it.",
         "while waiting and budget > 0 and len(running) < max_num_seqs: seq = waiting[0]; cached = "
         "bm.peek_prefix(seq.token_ids); n = min(seq.num_tokens - cached, budget); stop if bm.blocks_to_admit("
         "seq.token_ids, cached + n) > bm.num_free_blocks; else popleft, seq.num_computed_tokens = "
         "bm.allocate_prompt(...), append_slots(seq.seq_id, seq.num_computed_tokens + n), status RUNNING, "
-        "running.append, schedule (seq, n), budget -= n.", 20, False),
-    3: ((PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE),
+        "running.append, schedule (seq, n), budget -= n."), 20, False),
+    3: ((PRESSURE, PRESSURE_CHUNKED, FORKED_PRESSURE), Hint(
+        "recompute-style preemption: the victim keeps nothing of its KV, and it goes back to the front of the queue.",
+        "take it out of self.running, free all its blocks, forget what it has computed, mark it WAITING, count the "
+        "preemption in its metrics, and put it at the HEAD of self.waiting (it arrived before everyone waiting).",
         "remove seq from self.running, self.block_manager.free(seq.seq_id), status = SequenceStatus.WAITING, "
-        "num_computed_tokens = 0, metrics.num_preemptions += 1, self.waiting.appendleft(seq).", 12, True),
+        "num_computed_tokens = 0, metrics.num_preemptions += 1, self.waiting.appendleft(seq)."), 12, True),
 }
 
 

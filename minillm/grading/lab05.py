@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import GradingError, Task, as_int, as_ints, check, diagnose, fail, minillm_objects, \
+from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, diagnose, fail, minillm_objects, \
     run_property, seal
 from minillm.interfaces import CachedBlock
 from minillm.kv.block_manager import BlockManager
@@ -219,10 +219,15 @@ def verify_lab05_1(hash_block):
                      "digits without a separator makes different blocks the same bytes — use a separator or "
                      "fixed-width bytes per token")
 
-    run_property(prop, max_examples=120,
-                 hint="hash a byte encoding of (parent, tokens) with hashlib, e.g. blake2b(digest_size=16) or sha256: "
-                      "mark the parent as None or encode all its bytes, give every token a fixed width of at least 4 "
-                      "bytes (or a separator), then int.from_bytes(digest, 'little').")
+    run_property(prop, max_examples=120, example=False, hint=Hint(     # the messages show the calls compared
+        "a prefix-cache key must be equal for equal inputs in every process, and must change with the parent, "
+        "with any token and with their order.",
+        "Python's hash() is salted per process for str/bytes and collides for ints: hash bytes you encode yourself "
+        "with hashlib; encode the whole parent (or a marker for None) and every token at a fixed width (or with "
+        "separators), and keep at least 128 bits.",
+        "hash a byte encoding of (parent, tokens) with hashlib, e.g. blake2b(digest_size=16) or sha256: mark the "
+        "parent as None or encode all its bytes, give every token a fixed width of at least 4 bytes (or a "
+        "separator), then int.from_bytes(digest, 'little')."))
     # width: a 64-bit hash collides after ~2**32 blocks (birthday bound), far too soon for a shared cache
     outs = [h(None, (k, k + 1, k + 2)) for k in range(32)]
     check(max(outs) >= 2**64,
@@ -410,11 +415,15 @@ def verify_lab05_2(find_cached_prefix):
         fail(f"find_cached_prefix returned {got}, expected {want} for block_size={bs}, hash_fn={hash_name}, "
              f"token_ids={query}, cache (hash -> (block_id, parent, tokens)) = {shown}" + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=150,
-                 hint="walk the full blocks i = 0, 1, ... < (len(token_ids) - 1) // block_size: h = hash_fn(parent "
-                      "hash, tuple(block tokens)); e = cache.get(h); stop unless e exists, e.tokens equals the "
-                      "block's tokens and e.parent equals the previous matched block_id (None first); else keep "
-                      "e.block_id and chain h.")
+    run_property(prop, max_examples=150, hint=Hint(
+        "the lookup walks the prompt block by block from the start, chaining the hashes, and stops at the first "
+        "block the cache cannot vouch for.",
+        "only full blocks count, and never the block holding the last token (it must be computed to give logits); "
+        "an entry matches only when its tokens and its parent block are the ones expected (hashes collide); return "
+        "the block ids of the matched prefix.",
+        "walk the full blocks i = 0, 1, ... < (len(token_ids) - 1) // block_size: h = hash_fn(parent hash, "
+        "tuple(block tokens)); e = cache.get(h); stop unless e exists, e.tokens equals the block's tokens and "
+        "e.parent equals the previous matched block_id (None first); else keep e.block_id and chain h."))
 
 
 # --------------------------------------------------------------------------- lab05_3 the LRU evictor
@@ -558,10 +567,12 @@ def verify_lab05_3(evictor_cls):
     def prop(ops):
         _run_ops(evictor_cls, ops)
 
-    run_property(prop, max_examples=150,
-                 hint="keep the blocks in an OrderedDict (or a plain dict, which keeps insertion order): add = "
-                      "pop the block if present, then insert it at the end; pop_lru = take the first; iterate in "
-                      "that order.")
+    run_property(prop, max_examples=150, hint=Hint(
+        "least recently used: the evictor keeps its blocks ordered by when each was last added.",
+        "adding a block that is already there makes it the most recent; pop_lru takes the oldest; iteration goes "
+        "from the next victim on; remove and clear drop blocks.",
+        "keep the blocks in an OrderedDict (or a plain dict, which keeps insertion order): add = pop the block if "
+        "present, then insert it at the end; pop_lru = take the first; iterate in that order."))
     try:
         _block_manager_scenario(evictor_cls)
     except GradingError:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import assume, example, given, strategies as st
 
-from minillm.grading.core import GradingError, Task, as_tensor, check, diagnose, fail, minillm_objects, \
+from minillm.grading.core import GradingError, Hint, Task, as_tensor, check, diagnose, fail, minillm_objects, \
     run_property, seal
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch
@@ -434,11 +434,15 @@ def verify_lab06_1(process_logits):
         diagnosis = _shift_mistake(process_logits, case) or _diagnose_process(process_logits, case)
         fail(why + (f" — {diagnosis}" if diagnosis else ""))
 
-    run_property(prop, max_examples=120,
-                 hint="per row: x = logits / T; min-p drops p_i < min_p * max p; top-k drops logits below the k-th "
-                      "largest (k <= 0 or >= V: off); top-p sorts what is left, takes its softmax and keeps a token "
-                      "while the mass strictly before it is < top_p (top_p = 1: off); dropped tokens = -inf. Work on "
-                      "[B, 1] columns (temperature[:, None], ...) so each row uses its own settings.")
+    run_property(prop, max_examples=120, hint=Hint(
+        "each row is processed with its own settings, one rule after the other: temperature, then min-p, top-k and "
+        "top-p; a dropped token becomes -inf.",
+        "min-p compares each probability with min_p × the top one; top-k keeps the k largest (k <= 0 or >= V: off); "
+        "top-p keeps the likeliest tokens until their mass reaches top_p, the one that crosses it included (top_p "
+        "= 1: off). Settings shaped [B, 1] broadcast per row.",
+        "per row: x = logits / T; min-p drops p_i < min_p * max p; top-k drops logits below the k-th largest; top-p "
+        "sorts what is left, takes its softmax and keeps a token while the mass strictly before it is < top_p; "
+        "dropped tokens = -inf. Work on [B, 1] columns (temperature[:, None], ...)."))
     _inside_the_sampler(process_logits)
 
 
@@ -652,9 +656,13 @@ def _reproducible(draw) -> None:
                  "seeded differently in between) — a seeded row must draw from its own generator, generators[i], "
                  "never from torch's global one")
 
-    run_property(prop, max_examples=30,
-                 hint="pass generator=generators[i] to every random call for row i (torch.multinomial, torch.rand, "
-                      "Tensor.exponential_, ...).")
+    run_property(prop, max_examples=30, hint=Hint(
+        "a seeded row must draw from its own generator only, whatever the other rows or torch's global generator "
+        "do.",
+        "row i's random numbers must all come from generators[i] (None: torch's global generator), so a row cannot "
+        "share one random call with the rest of the batch.",
+        "pass generator=generators[i] to every random call for row i (torch.multinomial, torch.rand, "
+        "Tensor.exponential_, ...)."))
 
 
 _INDEPENDENCE_HINT = ("row i must use generators[i] and nothing else: not generators[0] for the whole batch, not one "

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Task, as_ints, check, diagnose, fail, minillm_objects, run_property,
+from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects, run_property,
                                   seal)
 from minillm.testing import chi_square
 
@@ -248,10 +248,17 @@ def _name_mistake(p0, q0, accepted0: int, reached0: int, counts0) -> str | None:
     return best
 
 
-_STAT_HINT = ("for j, x in enumerate(draft_token_ids): draw u = torch.rand((), generator=generator, "
+_STAT_HINT_SHOW = ("for j, x in enumerate(draft_token_ids): draw u = torch.rand((), generator=generator, "
               "dtype=torch.float64); keep x if u < p[j, x] / q[j, x]; otherwise return the kept drafts plus "
               "int(torch.multinomial((p[j] - q[j]).clamp(min=0), 1, generator=generator)). If every draft was kept, "
               "append int(torch.multinomial(p[k], 1, generator=generator)), the bonus token.")
+_STAT_HINT = Hint(
+    "verification must make every emitted token follow the target's p_j exactly: accept, or reject and resample, "
+    "or add the bonus token, as the statement's rule says.",
+    "at position j draw one uniform number from the request's generator and accept x_j when it is below "
+    "p_j(x_j) / q_j(x_j); at the first rejection draw from normalize(max(p_j − q_j, 0)) and stop; when all k are "
+    "accepted, draw the bonus token from target_probs[k].",
+    _STAT_HINT_SHOW)
 
 
 def _statistics(rule) -> None:
@@ -387,6 +394,7 @@ def verify_lab07_1(rule) -> None:
                dtype=st.sampled_from(["float32", "float64"]), seed=st.integers(0, 2**31 - 1), gen=st.booleans())
         @example(kind="same", k=3, V=7, dtype="float32", seed=1, gen=True)          # all accepted + the bonus
         @example(kind="greedy", k=4, V=7, dtype="float32", seed=2, gen=False)       # temperature 0
+        @example(kind="greedy", k=3, V=7, dtype="float32", seed=15, gen=True)       # ... every draft is the argmax
         @example(kind="greedy_dense", k=3, V=50, dtype="float64", seed=3, gen=True)
         @example(kind="dense", k=0, V=7, dtype="float32", seed=4, gen=True)         # nothing drafted
         @example(kind="one_hot", k=5, V=300, dtype="float32", seed=5, gen=True)     # token ids above 256
@@ -564,10 +572,15 @@ def verify_lab07_2(find_ngram_draft) -> None:
             fail(f"find_ngram_draft({tokens}, k={k}, min_n={min_n}, max_n={max_n}) returned {got}, expected {want}"
                  + (f" — {why}" if why else ""))
 
-    run_property(prop, max_examples=200,
-                 hint="for n from min(max_n, len(token_ids) - 1) down to min_n: suffix = token_ids[-n:]; for start "
-                      "from len(token_ids) - n - 1 down to 0: if token_ids[start:start + n] == suffix, return "
-                      "token_ids[start + n:start + n + k]. Return [] when nothing matched.")
+    run_property(prop, max_examples=200, hint=Hint(
+        "prompt lookup: find the latest earlier place where the sequence's last n tokens occurred, the longest n "
+        "first, and propose what followed it.",
+        "n goes from max_n down to min_n (never more than len(token_ids) − 1); the earlier occurrence must end "
+        "before the last token; scan from the latest start backwards; return up to k tokens after it, or [] when "
+        "no n matched.",
+        "for n from min(max_n, len(token_ids) - 1) down to min_n: suffix = token_ids[-n:]; for start from "
+        "len(token_ids) - n - 1 down to 0: if token_ids[start:start + n] == suffix, return "
+        "token_ids[start + n:start + n + k]. Return [] when nothing matched."))
 
 
 # --------------------------------------------------------------------------- the tasks

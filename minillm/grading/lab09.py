@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Task, as_float, check, class_answer, diagnose, fail, function_answer,
+from minillm.grading.core import (GradingError, Hint, Task, as_float, check, class_answer, diagnose, fail, function_answer,
                                   minillm_objects, run_property, seal)
 from minillm.parallel.comm import Communicator, connect
 
@@ -180,9 +180,14 @@ COLUMN_ERRORS = ((9, 64, 2), (3, 8, 2), (2, 4, 3), (6, 1, 4))
 GQA_PROBES = ((8, 2, 4, 2), (8, 2, 4, 4), (8, 2, 4, 8), (9, 3, 4, 3), (4, 1, 4, 4), (12, 4, 2, 2), (6, 3, 2, 6),
               (8, 8, 2, 4), (4, 2, 2, 1))
 
-_UNITS_HINT = ("a part is num_units units of unit_size rows. If num_units % world_size == 0, rank r holds units "
-               "r·(num_units // world_size) up to (r+1)·(num_units // world_size); if world_size % num_units == 0, "
-               "rank r holds the one unit r // (world_size // num_units). Multiply units by unit_size to get rows.")
+_UNITS_HINT = Hint(
+    "shard by whole units (heads, or single columns): contiguous blocks of units in rank order, and when there are "
+    "fewer units than ranks, each unit replicated on the ranks whose query heads read it.",
+    "if num_units % world_size == 0, each rank holds num_units // world_size consecutive units; if world_size % "
+    "num_units == 0, world_size // num_units consecutive ranks share one unit; a unit is unit_size rows.",
+    "if num_units % world_size == 0, rank r holds units r·(num_units // world_size) up to (r+1)·(num_units // "
+    "world_size); if world_size % num_units == 0, rank r holds the one unit r // (world_size // num_units). "
+    "Multiply units by unit_size to get rows.")
 
 
 def _column_mistake(got: range, n: int, s: int, r: int, w: int) -> str:
@@ -309,9 +314,12 @@ ROW_PROBES = (
 )
 ROW_ERRORS = ((10, 4), (9, 2), (3, 6))
 
-_ROW_HINT = ("a row-parallel layer's input arrives split: rank r holds the output of ITS block of the column-parallel "
-             "layer before it (its heads, its MLP columns), so its input columns are the r-th of world_size equal "
-             "contiguous blocks.")
+_ROW_HINT = Hint(
+    "a row-parallel layer's input arrives split: rank r holds what ITS block of the column-parallel layer before "
+    "it produced (its heads, its MLP columns).",
+    "so its input columns are the r-th of world_size equal contiguous blocks, in rank order; sizes that do not "
+    "split evenly are a ValueError.",
+    "range(rank * input_size // world_size, (rank + 1) * input_size // world_size).")
 
 
 def _check_row_case(row_cols, n: int, w: int, why: str = "") -> list[range]:
@@ -642,7 +650,7 @@ def verify_lab09_3(cls) -> None:
         _column_case(rules, groups(world), tokens, a, c, bias, seed)
         _row_case(rules, groups(world), tokens, a, c, bias, seed + 1)
 
-    run_property(prop, max_examples=12)
+    run_property(prop, max_examples=12, example=False)       # every message names its layout and rank
 
 
 # --------------------------------------------------------------------------- lab09_4 bytes per token
@@ -695,9 +703,16 @@ def _formula_case(fn, args: tuple, name: str, ref, mistakes, probes, what: str =
         return
     why = diagnose(fn, mistakes, [args] + list(probes), _same)
     fail(f"{call} = {got:,}, expected {want:,}" + (f" ({what})" if what else "") + (f" — {why}" if why else ""),
-         "tensor parallelism: every decoder layer all-reduces one [hidden_size] vector per token twice (after "
-         "o_proj, after down_proj); pipeline parallelism: each stage boundary passes one [hidden_size] vector per "
-         "token. Bytes = values × dtype_bytes.")
+         _BYTES_HINT)
+
+
+_BYTES_HINT = Hint(
+    "count what crosses between GPUs for one token: in tensor parallelism the activations the ranks all-reduce "
+    "(the weights never move), in pipeline parallelism the activation one stage hands to the next.",
+    "TP: how many all-reduces does one decoder layer make, and how big is each? PP: how many boundaries do pp "
+    "stages have? Bytes = values × dtype_bytes.",
+    "tensor parallelism: every decoder layer all-reduces one [hidden_size] vector per token twice (after o_proj, "
+    "after down_proj); pipeline parallelism: each stage boundary passes one [hidden_size] vector per token.")
 
 
 def verify_lab09_4(cls) -> None:
@@ -719,7 +734,7 @@ def verify_lab09_4(cls) -> None:
         _formula_case(obj.pp_bytes_per_token, (h, p, b), "pp_bytes_per_token", ref.pp_bytes_per_token,
                       _PP_MISTAKES, pp_probes)
 
-    run_property(prop, max_examples=50)
+    run_property(prop, max_examples=50, example=False)       # every message shows the call
 
 
 # --------------------------------------------------------------------------- the tasks

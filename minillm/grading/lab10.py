@@ -37,7 +37,7 @@ from collections import deque
 import numpy as np
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import GradingError, Task, as_int, as_ints, check, fail, minillm_objects, run_property, seal
+from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, fail, minillm_objects, run_property, seal
 from minillm.structured.automata import DEAD, DFA, NFA, RegexTooComplex, compile_regex
 from minillm.structured.regex import Alt, Chars, Concat, Repeat, parse
 from minillm.structured.token_index import TokenIndex, VocabTrie
@@ -171,9 +171,18 @@ def nfa_accepts(edges, eps, start: int, end: int, data: bytes) -> bool:
     return end in current
 
 
-_BYTES_HINT = ("the NFA reads the UTF-8 BYTES of the text: a character above U+007F is 2 to 4 bytes (é is C3 A9, "
-               "中 is E4 B8 AD). For each (lo, hi) of a Chars node, utf8_sequences(lo, hi) gives byte-range "
-               "sequences like [(0xC3, 0xC3), (0xA0, 0xBF)]: chain one edge per byte through fresh states.")
+_BYTES_HINT = Hint(
+    "the NFA reads the UTF-8 BYTES of the text, not characters: a character above U+007F is 2 to 4 bytes (é is "
+    "C3 A9, 中 is E4 B8 AD).",
+    "so each (lo, hi) range of a Chars node becomes a few sequences of byte ranges, each a path of one edge per "
+    "byte through fresh states.",
+    "for each (lo, hi) of a Chars node, utf8_sequences(lo, hi) gives byte-range sequences like [(0xC3, 0xC3), "
+    "(0xA0, 0xBF)]: chain one edge per byte through fresh states.")
+_THOMPSON_HINT = Hint(
+    "build each node's fragment from its children's fragments, joined by epsilon edges.",
+    "Concat chains them, Alt branches from a new start and joins at a new end, Repeat makes min copies then "
+    "(max - min) optional ones, or a loop when max is None — a NEW fragment (another build_nfa call) for every "
+    "copy.")
 
 
 def _read_nfa(nfa, pre: int, before, result, where: str):
@@ -261,10 +270,7 @@ def _nfa_verdict(build_nfa, pattern, data, built=None, why=None, pre=0):
         truth = ("it is not valid UTF-8, so no text matches it" if want is False and _not_utf8(data) else
                  f"re.fullmatch({pattern!r}, text) says it {'matches' if want else 'does not match'}")
         fail(f"your NFA for {pattern!r} {verdict} {_show(data)}, but {truth}" + (f" — {why}" if why else ""),
-             _BYTES_HINT if not data.isascii() else
-             "build each node's fragment from its children's: Concat chains them with epsilon edges, Alt branches "
-             "from a new start and joins at a new end, Repeat makes min copies then (max - min) optional ones, or a "
-             "loop when max is None — a NEW fragment (another build_nfa call) for every copy.")
+             _BYTES_HINT if not data.isascii() else _THOMPSON_HINT)
     return edges, eps, start, end
 
 
@@ -325,7 +331,12 @@ def verify_lab10_1(build_nfa) -> None:
         for data in _corpus(pattern, seed):
             _nfa_verdict(build_nfa, pattern, data, built=built)
 
-    run_property(prop, max_examples=60)     # every failure inside carries its own hint
+    run_property(prop, max_examples=60, hint=Hint(      # failures inside that carry their own hint keep it
+        "Thompson's construction over UTF-8 bytes: build each node's fragment from its children's fragments, "
+        "joined by epsilon edges; a character class becomes paths of byte ranges.",
+        "Chars: a path from start to end for every UTF-8 byte-range sequence of its ranges (utf8_sequences); "
+        "Concat: chain the parts (no parts: one epsilon edge); Alt: epsilon edges into and out of every option; "
+        "Repeat: min chained copies, then max − min optional ones, or a loop when max is None."))
 
 
 # --------------------------------------------------------------------------- lab10_2 the subset construction
@@ -520,7 +531,11 @@ def verify_lab10_2(determinize) -> None:
         s, e = nfa.build(parse(pattern))
         _determinize_and_compare(determinize, nfa, s, e, f"the Thompson NFA of {pattern!r}")
 
-    run_property(prop, max_examples=60)
+    run_property(prop, max_examples=60, hint=Hint(
+        "the subset construction: a DFA state stands for a set of NFA states, closed under epsilon edges.",
+        "start from the epsilon-closure of {start}; from a set, the next set on byte b is the closure of the states "
+        "its edges reach on b (none: DEAD); a set accepts when it holds accept; number each new set once, with a "
+        "work list."))
 
 
 # --------------------------------------------------------------------------- lab10_3 the token index
@@ -621,8 +636,10 @@ _CHAR_WHY = (" — the token is part of a character (byte-level BPE splits multi
              "walk its bytes, never decode it to text")
 
 
-_WALK_HINT = ("walk every byte of a token from s through dfa.transitions and stop at the first DEAD (-1): the token "
-              "is allowed only when no byte hit DEAD, and its next state is where its last byte led.")
+_WALK_HINT = Hint(
+    "a token is allowed in state s only when ALL its bytes can be read from s, one transition per byte.",
+    "walk its bytes from s through dfa.transitions and stop at the first DEAD (-1): allowed only when no byte hit "
+    "DEAD, and its next state is where its last byte led.")
 
 
 def _first_mismatch(T, acc, token_bytes, eos, allowed, nexts, where: str) -> None:
@@ -790,7 +807,11 @@ def verify_lab10_3(build_token_index) -> None:
         _index_case(build_token_index, T, acc, start, vocab, eos,
                     f"the DFA of {pattern!r} and a vocabulary of {len(vocab)} tokens cut from {text!r}, EOS {eos}")
 
-    run_property(prop, max_examples=40)
+    run_property(prop, max_examples=40, hint=Hint(
+        "a token is allowed in a DFA state when its WHOLE byte string can be read from that state without "
+        "reaching DEAD.",
+        "walk every token's bytes through dfa.transitions from every state and keep the token id (sorted) with the "
+        "state where it ends; special (None) and empty tokens and EOS never go in."))
     _large_vocabulary(build_token_index)
 
 
