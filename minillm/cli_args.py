@@ -14,6 +14,9 @@ from minillm.config import METHODS, EngineConfig, SpeculativeConfig
 
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
+    "quantization": "weight format: auto (keep the checkpoint's: the default GGUF runs int4) | none (dequantize to "
+                    "--dtype) | int8 (per output channel) | int4 (groups of --quantization-group-size)",
+    "quantization_group_size": "int4 group size when quantizing a float checkpoint (a multiple of 32)",
     "max_model_len": "longest sequence (prompt + output) in tokens; default: the model's context window",
     "attention_backend": "auto | torch | cpu | triton (auto: the compiled CPU kernel, Triton on CUDA)",
     "block_size": "KV block size in tokens",
@@ -100,7 +103,8 @@ def load_with_status(args: argparse.Namespace, config: EngineConfig):
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with status(f"loading {args.model} model"):
-        return load_model(args.model, config.dtype)
+        return load_model(args.model, config.dtype, quantization=config.quantization,
+                          group_size=config.quantization_group_size)
 
 
 def progress_line(text: str) -> None:

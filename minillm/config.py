@@ -169,6 +169,9 @@ class SpeculativeConfig:
 @dataclass
 class EngineConfig:
     dtype: str = "float32"              # what LLM and the CLI load the weights in
+    # auto: keep a quantized checkpoint's format (the default GGUF runs int4) | none | int8 | int4 (quant/policy.py)
+    quantization: str = "auto"
+    quantization_group_size: int = 32   # int4's group size when quantizing a float checkpoint
     max_model_len: int | None = None    # None: the model's context window (capped by the KV pool)
     attention_backend: str = "auto"     # "torch" | "cpu" | "triton" | "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -242,6 +245,8 @@ class EngineConfig:
             raise ValueError("layer_skip speculation drafts with the target's own first layers, which a parallel "
                              "engine has spread over several ranks: use ngram or draft_model with "
                              "tensor/pipeline parallelism")
+        from minillm.quant.policy import check_quantization
+        check_quantization(self.quantization, self.quantization_group_size)
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}: use 'torch', 'cpu', "
                              "'triton' or 'auto'")

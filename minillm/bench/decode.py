@@ -20,6 +20,8 @@ from minillm.sampling.params import SamplingParams
 @dataclass
 class DecodeBench:
     model: str
+    path: str
+    quantization: str         # the setting, and the formats it gave (quant.policy.describe)
     dtype: str
     threads: int
     prefill_tok_s: dict[int, float]
@@ -92,7 +94,10 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
     bw = measure_bandwidth()
     wbytes = loaded.model.weight_bytes()
     bound_ms = 1000 * wbytes / bw
-    return DecodeBench(model=str(loaded.path.name), dtype=str(loaded.model.dtype).removeprefix("torch."),
+    from minillm.quant.policy import describe
+    return DecodeBench(model=str(loaded.path.name), path=str(loaded.path),
+                       quantization=f"{config.quantization}: {describe(loaded.model)}",
+                       dtype=str(loaded.model.dtype).removeprefix("torch."),
                        threads=torch.get_num_threads(), prefill_tok_s=prefill, decode_ms_per_token=decode_ms,
                        bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes, bound_ms_per_token=bound_ms,
                        ratio=decode_ms / bound_ms)
@@ -110,6 +115,47 @@ def format_decode_bench(b: DecodeBench) -> str:
         f"measured / bound           : {b.ratio:8.2f}x",
     ]
     return "\n".join(lines)
+
+
+def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None) -> str:
+    """One run: its full report. Several (one per --quantization): a table, one row each, plus llama.cpp."""
+    if len(runs) == 1 and llama_cpp is None:
+        return format_decode_bench(runs[0])
+    b0 = runs[0]
+    lines = [f"model {b0.model}  threads {b0.threads}  memory bandwidth (copy) {b0.bandwidth_gb_s:.1f} GB/s",
+             f"{'weights':34s} {'MB/token':>9s} {'bound ms':>9s} {'ms/token':>9s} {'tok/s':>7s} {'x bound':>8s}"
+             + "".join(f" {'prefill ' + str(n):>13s}" for n in b0.prefill_tok_s)]
+    for b in runs:
+        lines.append(f"{b.quantization[:34]:34s} {b.weight_bytes_per_token / 1e6:9.1f} {b.bound_ms_per_token:9.2f} "
+                     f"{b.decode_ms_per_token:9.2f} {1000 / b.decode_ms_per_token:7.1f} {b.ratio:8.2f}"
+                     + "".join(f" {v:9.1f} tok/s" for v in b.prefill_tok_s.values()))
+    if llama_cpp is not None:
+        lines.append(f"{'llama.cpp (' + llama_cpp['name'] + ')':34s} {'':9s} {'':9s} "
+                     f"{1000 / llama_cpp['tg_tok_s']:9.2f} {llama_cpp['tg_tok_s']:7.1f}")
+        for b in runs:
+            lines.append(f"minillm {b.quantization.split(':')[0]} / llama.cpp decode tok/s: "
+                         f"{1000 / b.decode_ms_per_token / llama_cpp['tg_tok_s']:.2f}x")
+    return "\n".join(lines)
+
+
+def run_llama_bench(binary: str, gguf: str, threads: int, steps: int) -> dict:
+    """llama.cpp's own decode speed on the same file and thread count (`llama-bench -p 0 -n steps`)."""
+    import json
+    import subprocess
+    from pathlib import Path
+    if not str(gguf).endswith(".gguf"):
+        raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
+    if not Path(binary).is_file():
+        raise ValueError(f"--llama-bench {binary}: no such file (build llama-bench as the README says)")
+    done = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(steps), "-r", "3",
+                           "-o", "json"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ValueError(f"llama-bench failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
+    rows = [r for r in json.loads(done.stdout) if r.get("n_gen", 0) > 0]
+    if not rows:
+        raise ValueError("llama-bench printed no decode (tg) result")
+    return {"name": f"tg{steps}, {rows[0].get('type_k', '')}{rows[0].get('model_type', '')}".rstrip(", "),
+            "tg_tok_s": float(rows[0]["avg_ts"]), "threads": threads}
 
 
 def as_dict(b: DecodeBench) -> dict:

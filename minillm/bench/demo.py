@@ -36,7 +36,9 @@ def run_demo(args) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     t = time.perf_counter()
-    loaded = load_model(args.model, engine_config(args).dtype)
+    config = engine_config(args)
+    loaded = load_model(args.model, config.dtype, quantization=config.quantization,
+                        group_size=config.quantization_group_size)
     cfg = loaded.config
     print(f"loaded {loaded.path.name}: {cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, "
           f"{cfg.num_params() / 1e6:.0f}M parameters, {args.dtype}, in {time.perf_counter() - t:.1f} s")

@@ -48,9 +48,13 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 
 def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32", comm=None,
-               layers: range | None = None, rules=None) -> LoadedModel:
+               layers: range | None = None, rules=None, quantization: str = "none",
+               group_size: int = 32) -> LoadedModel:
     """Read a checkpoint into a LlamaModel. With `comm` (a tensor-parallel Communicator) the model is this rank's
-    shard and only its slices are read (`rules` decide which); with `layers`, only a pipeline stage's layers."""
+    shard and only its slices are read (`rules` decide which); with `layers`, only a pipeline stage's layers.
+    `quantization` (see minillm.quant.policy): "none" dequantizes everything to `dtype` (what the labs use);
+    "auto" keeps a quantized checkpoint's formats; "int8" / "int4" quantize the linear layers (int4 in groups of
+    `group_size`)."""
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
@@ -62,7 +66,13 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     if comm is not None and comm.world_size > 1:
         from minillm.parallel.sharding import check_tp_size
         check_tp_size(cfg, comm.world_size)
-    model = build_model(cfg, weights, torch_dtype, comm, layers, rules)
+    from minillm.quant.policy import apply_quantization, check_quantization
+    check_quantization(quantization, group_size, rules)
+    model = build_model(cfg, weights, torch_dtype, comm, layers, rules, keep_quantized=quantization == "auto")
+    try:
+        apply_quantization(model, quantization, group_size)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     return LoadedModel(model, tok, cfg, path)
 
 
@@ -76,13 +86,13 @@ def peek_config(spec: str | Path = "default") -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, Any]], dtype: torch.dtype, comm=None,
-                layers: range | None = None, rules=None) -> LlamaModel:
+                layers: range | None = None, rules=None, keep_quantized: bool = False) -> LlamaModel:
     """Instantiate on the meta device, then fill from (hf_name, tensor or weight source) pairs, fusing qkv and
     gate/up; a tensor-parallel rank (`comm`) or pipeline stage (`layers`) takes only its part."""
     with torch.device("meta"):
         model = LlamaModel(cfg, comm, layers, rules)
     try:
-        model.load_weights(weights, dtype)
+        model.load_weights(weights, dtype, keep_quantized=keep_quantized)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     model.rotary = type(model.rotary)(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, cfg.rope_scaling)

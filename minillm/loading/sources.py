@@ -68,3 +68,23 @@ class GGUFSource:
         else:
             t = torch.from_numpy(dequantize(np.ascontiguousarray(raw), self.qtype, (r1 - r0, in_f)))[:, c0:c1].clone()
         return self.transform(t) if self.transform else t
+
+    def read_quantized(self, rows: slice | None = None, cols: slice | None = None):
+        """The slice as a QuantizedWeight when the tensor's GGML type maps onto a minillm format (Q8_0, Q4_0,
+        Q4_1) and the columns fall on its blocks; None otherwise (then `read` dequantizes)."""
+        from gguf import GGML_QUANT_SIZES
+        from minillm.quant.gguf import NATIVE, from_blocks
+        if self.qtype not in NATIVE or len(self.shape) != 2:
+            return None
+        out_f, in_f = self.shape
+        r0, r1, _ = (rows or slice(None)).indices(out_f)
+        c0, c1, _ = (cols or slice(None)).indices(in_f)
+        block, size = GGML_QUANT_SIZES[self.qtype]
+        if c0 % block or c1 % block:
+            return None
+        raw = self.gf._raw(self.name).reshape(out_f, in_f // block, size)[r0:r1, c0 // block:c1 // block]
+        qw = from_blocks(raw, self.qtype)
+        if self.transform is not None:   # a row permutation: find it by transforming the row numbers
+            order = self.transform(torch.arange(r1 - r0, dtype=torch.float32).unsqueeze(1)).squeeze(1).long()
+            qw = qw.take_rows(order)
+        return qw

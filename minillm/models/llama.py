@@ -18,8 +18,9 @@ from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
 from minillm.layers.norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding, apply_rotary
 from minillm.parallel.comm import Communicator
-from minillm.parallel.layers import (SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
-                                     RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
+from minillm.parallel.layers import (MEGATRON, SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                                     Quantizable, RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
+from minillm.quant.formats import QuantizedWeight, QuantSpec
 
 
 @dataclass
@@ -123,7 +124,11 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """[rows, V] fp32 logits; with tensor parallelism each rank scores its slice of the vocabulary and the
         result exists on rank 0 only (None elsewhere)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        if head.quant is not None:
+            local = head.linear(hidden).float()
+            return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
+        weight = head.weight
         packed = self._packed_lm_head(weight)
         if packed is not None:
             local = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), packed, None, "none", [], "")
@@ -131,12 +136,14 @@ class LlamaModel(nn.Module):
             local = F.linear(hidden, weight).float()
         return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
 
-    def load_weights(self, weights, dtype: torch.dtype = torch.float32) -> "LlamaModel":
+    def load_weights(self, weights, dtype: torch.dtype = torch.float32, keep_quantized: bool = False) -> "LlamaModel":
         """Fill the parameters from (Hugging Face name, tensor or weight source) pairs. Each layer reads its own
         slice (`shard`); q/k/v and gate/up land in their fused matrices; layers outside this stage are skipped
-        unread. Raises ValueError naming what is missing, unexpected or misshaped."""
-        state: dict[str, torch.Tensor] = {}
-        parts: dict[str, dict[str, torch.Tensor]] = {}
+        unread. With `keep_quantized`, a weight stored in a format minillm runs directly (GGUF Q8_0/Q4_0/Q4_1)
+        stays in it (`shard_quantized`). Raises ValueError naming what is missing, unexpected or misshaped."""
+        state: dict[str, torch.Tensor | QuantizedWeight] = {}
+        parts: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
+        self.checkpoint_types: dict[str, str] = {}   # target -> the checkpoint's storage type, where quantized
         for hf_name, src in weights:
             target, part = fused_target(hf_name)
             if self.cfg.tie_word_embeddings and target == "lm_head.weight":
@@ -150,8 +157,15 @@ class LlamaModel(nn.Module):
             except AttributeError:
                 state[target] = src.read()   # reported below as unexpected
                 continue
-            shard = getattr(module, "shard", None)
-            value = shard(src, part) if shard is not None else src.read()
+            qtype = getattr(src, "qtype", None)
+            if qtype is not None and qtype.name not in ("F32", "F16", "BF16", "F64"):
+                self.checkpoint_types[target] = qtype.name
+            value = None
+            if keep_quantized and hasattr(module, "shard_quantized"):
+                value = module.shard_quantized(src, part)
+            if value is None:
+                shard = getattr(module, "shard", None)
+                value = shard(src, part) if shard is not None else src.read()
             if part is None:
                 state[target] = value
             else:
@@ -161,7 +175,7 @@ class LlamaModel(nn.Module):
             missing = [p for p in order if p not in got]
             if missing:
                 raise ValueError(f"checkpoint lacks the {missing} projection(s) for {target}")
-            state[target] = torch.cat([got[p] for p in order], dim=0)
+            state[target] = _fuse([got[p] for p in order])
         expected = dict(self.named_parameters())
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -171,7 +185,30 @@ class LlamaModel(nn.Module):
         for name, p in expected.items():
             if tuple(state[name].shape) != tuple(p.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(state[name].shape)} != expected {tuple(p.shape)}")
-        self.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=False)
+        quantized = {k: v for k, v in state.items() if isinstance(v, QuantizedWeight)}
+        self.load_state_dict({k: v.to(dtype) for k, v in state.items() if k not in quantized}, assign=True,
+                             strict=False)
+        for name, qw in quantized.items():
+            self.get_submodule(name.rsplit(".", 1)[0]).set_quantized(qw)
+        return self
+
+    def quantizable(self):
+        """(name, module) of every layer that can hold a quantized weight: the linear layers, embedding, LM head."""
+        return [(n, m) for n, m in self.named_modules() if isinstance(m, Quantizable)]
+
+    def quantize_(self, linear: QuantSpec | None, head: QuantSpec | None = None, only=None) -> "LlamaModel":
+        """Round-to-nearest quantize, in place, every float linear layer to `linear` and the embedding / LM head to
+        `head` (None leaves them as they are). `only(name)` restricts which layers (default: all)."""
+        if self.comm.world_size > 1 and any(
+                getattr(m, "rules", MEGATRON) is not MEGATRON for _, m in self.quantizable()):
+            raise ValueError("quantized layers run minillm's own tensor-parallel rules; tp_rules cannot be combined "
+                             "with quantization (use quantization='none')")
+        for name, m in self.quantizable():
+            spec = head if isinstance(m, VocabParallelEmbedding) else linear
+            if spec is None or m.quant is not None or (only is not None and not only(name)):
+                continue
+            m.quantize_(spec)
+        self.__dict__.pop("_lm_head_packed", None)
         return self
 
     def _local_name(self, name: str) -> str | None:
@@ -208,11 +245,31 @@ class LlamaModel(nn.Module):
         return next(self.parameters()).dtype
 
     def weight_bytes(self, per_token: bool = True) -> int:
-        """Bytes of weights read per forward pass (the embedding table is gathered, not read whole, unless tied)."""
-        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        """Bytes of weights read per forward pass (the embedding table is gathered, not read whole, unless tied);
+        quantized layers count their packed integers, scales and minimums."""
+        total = sum(_nbytes(m) for m in self.modules())
         if per_token and self.lm_head is not None and self.embed_tokens is not None:
-            total -= self.embed_tokens.weight.numel() * self.embed_tokens.weight.element_size()
+            total -= _nbytes(self.embed_tokens)
         return total
+
+
+def _nbytes(module: nn.Module) -> int:
+    """The module's own weights (not its children's)."""
+    own = list(module.parameters(recurse=False))
+    if isinstance(module, Quantizable):
+        own += list(module.buffers(recurse=False))
+    return sum(t.numel() * t.element_size() for t in own)
+
+
+def _fuse(parts: list) -> torch.Tensor | QuantizedWeight:
+    """q/k/v or gate/up stacked by rows; quantized parts stay quantized when they share a format, otherwise all
+    of them are dequantized (the loader quantizes the result again where the checkpoint was quantized)."""
+    if all(isinstance(p, QuantizedWeight) for p in parts):
+        try:
+            return QuantizedWeight.cat(parts)
+        except ValueError:
+            pass
+    return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p for p in parts], dim=0)
 
 
 def fused_target(hf_name: str) -> tuple[str, str | None]:

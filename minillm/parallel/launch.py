@@ -25,8 +25,11 @@ def start_engine(model: str, config: EngineConfig, rules=None):
     par = config.parallel
     world = par.world_size
     backend = resolve_backend(par.distributed_executor_backend)
+    # a learner's tensor-parallel rules take float weights: "auto" means float for them (int8/int4 are refused)
+    quant = "none" if rules is not None and config.quantization == "auto" else config.quantization
     if world == 1 and backend != "env":
-        loaded = load_model(model, config.dtype, rules=rules)
+        loaded = load_model(model, config.dtype, rules=rules, quantization=quant,
+                            group_size=config.quantization_group_size)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
     cfg = peek_config(model)
     check_tp_size(cfg, par.tensor_parallel_size)
@@ -43,7 +46,7 @@ def start_engine(model: str, config: EngineConfig, rules=None):
                       pipeline_parallel_size=par.pipeline_parallel_size, attention_backend=config.attention_backend,
                       block_size=config.cache.block_size,
                       micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, threads=threads,
-                      rules=rules)
+                      rules=rules, quantization=quant, group_size=config.quantization_group_size)
     if backend == "env" and env_rank() not in (0, None):
         run_env_worker(spec)
         raise SystemExit(0)

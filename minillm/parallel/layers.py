@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.parallel.comm import Communicator
+from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 
 SINGLE = Communicator()
 
@@ -88,7 +89,45 @@ def _slice(r: range) -> slice:
     return slice(r.start, r.stop)
 
 
-class ColumnParallelLinear(nn.Module):
+class Quantizable:
+    """A layer whose weight may be held quantized (minillm/quant/formats.py) instead of as a float Parameter.
+
+    Quantized, `weight` is None and `quant` holds the packed matrix (its tensors registered as buffers, so
+    module.buffers() and the byte counts see them); `linear(x)` runs the quantized matmul. The tensor-parallel
+    rules' `*_forward` take a float weight, so a quantized layer keeps Megatron's communication itself (a learner's
+    rules are refused with quantization: see LlamaModel.quantize_)."""
+    quant: QuantizedWeight | None = None
+
+    def set_quantized(self, qw: QuantizedWeight) -> None:
+        want = (self.out_features, self.in_features) if isinstance(self, (ColumnParallelLinear, RowParallelLinear)) \
+            else (self.shard_size, self.hidden_size)
+        if tuple(qw.shape) != want:
+            raise ValueError(f"quantized weight shape {tuple(qw.shape)} != this layer's {want}")
+        self.register_parameter("weight", None)
+        self.quant = qw
+        for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins)):
+            if t is not None:
+                self.register_buffer(name, t)
+
+    def quantize_(self, spec: QuantSpec) -> None:
+        """Round-to-nearest quantize this layer's float weight in place."""
+        self.set_quantized(quantize(self.weight, spec))
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x times this rank's matrix (transposed); no communication, no bias."""
+        if self.quant is None:
+            return F.linear(x, self.weight)
+        from minillm.kernels.cpu_qgemm import qlinear
+        return qlinear(x, self.quant)
+
+
+def _read_quantized(src, rows: slice | None = None, cols: slice | None = None) -> QuantizedWeight | None:
+    """The slice in the checkpoint's own quantized format, when the source has one minillm takes directly."""
+    reader = getattr(src, "read_quantized", None)
+    return None if reader is None else reader(rows=rows, cols=cols)
+
+
+class ColumnParallelLinear(Quantizable, nn.Module):
     """Output features split over ranks; the output stays split (the next layer is row-parallel or local).
 
     The matrix is one or more `parts` stacked by rows, each made of `num_units` units of `unit_size` rows (query
@@ -114,8 +153,16 @@ class ColumnParallelLinear(nn.Module):
         _check_shape(src, full, f"{part or 'column-parallel'} weight")
         return src.read(rows=_slice(self.part_rows[part]))
 
+    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
+        full = (self.part_sizes[part], self.in_features)
+        _check_shape(src, full, f"{part or 'column-parallel'} weight")
+        return _read_quantized(src, rows=_slice(self.part_rows[part]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rules.column_forward(x, self.weight, self.bias, self.comm)
+        if self.quant is None:
+            return self.rules.column_forward(x, self.weight, self.bias, self.comm)
+        y = self.linear(x)
+        return y if self.bias is None else y + self.bias
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -140,7 +187,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_heads = len(self.part_rows["k"]) // head_dim
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(Quantizable, nn.Module):
     """Input features split over ranks (the input arrives split, from a column-parallel layer or local attention
     heads); each rank's product is a partial sum, all-reduced. The bias is added once, after the sum."""
 
@@ -161,11 +208,20 @@ class RowParallelLinear(nn.Module):
         _check_shape(src, (self.out_features, self.input_size), "row-parallel weight")
         return src.read(cols=_slice(self.cols))
 
+    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
+        if len(src.shape) == 1:
+            return None
+        _check_shape(src, (self.out_features, self.input_size), "row-parallel weight")
+        return _read_quantized(src, cols=_slice(self.cols))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.rules.row_forward(x, self.weight, self.bias, self.comm)
+        if self.quant is None:
+            return self.rules.row_forward(x, self.weight, self.bias, self.comm)
+        y = self.comm.all_reduce(self.linear(x))
+        return y if self.bias is None else y + self.bias
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(Quantizable, nn.Module):
     """The embedding table split by vocabulary rows: rank r holds ids [r·Vp, (r+1)·Vp) with Vp = ceil(V / tp) (the
     last rank's tail is zero padding). A rank looks up the ids it owns, writes zeros for the others, and an
     all-reduce assembles each token's row (exactly one rank contributed it)."""
@@ -187,12 +243,25 @@ class VocabParallelEmbedding(nn.Module):
             rows = torch.cat([rows, rows.new_zeros(self.shard_size - rows.shape[0], self.hidden_size)])
         return rows
 
+    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
+        _check_shape(src, (self.vocab_size, self.hidden_size), "embedding")
+        stop = min(self.vocab_start + self.shard_size, self.vocab_size)
+        if stop - self.vocab_start < self.shard_size:
+            return None   # the padded last shard: read as float (padding a packed matrix is not worth it)
+        return _read_quantized(src, rows=slice(self.vocab_start, stop))
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is None:
+            return F.embedding(ids, self.weight)
+        flat = ids.reshape(-1)
+        return self.quant.take_rows(flat).dequantize().view(*ids.shape, self.hidden_size)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         local = ids - self.vocab_start
         mine = (local >= 0) & (local < self.shard_size)
-        x = F.embedding(torch.where(mine, local, 0), self.weight)
+        x = self._lookup(torch.where(mine, local, 0))
         x = x * mine.unsqueeze(-1).to(x.dtype)
         return self.comm.all_reduce(x)
 

@@ -84,6 +84,8 @@ class WorkerSpec:
     threads: int = 1
     dist_backend: str = "gloo"
     rules: Any = None            # interfaces.TensorParallelRules; None: minillm's own
+    quantization: str = "none"   # EngineConfig.quantization, as the loader takes it
+    group_size: int = 32
 
     @property
     def world_size(self) -> int:
@@ -96,8 +98,10 @@ def load_rank(spec: WorkerSpec, comm: Communicator):
     from minillm.parallel.sharding import stage_layers
     if spec.pipeline_parallel_size > 1:
         layers = stage_layers(peek_config(spec.model).num_layers, spec.pipeline_parallel_size, comm.rank)
-        return load_model(spec.model, spec.dtype, None, layers)
-    return load_model(spec.model, spec.dtype, comm, None, spec.rules)
+        return load_model(spec.model, spec.dtype, None, layers, quantization=spec.quantization,
+                          group_size=spec.group_size)
+    return load_model(spec.model, spec.dtype, comm, None, spec.rules, quantization=spec.quantization,
+                      group_size=spec.group_size)
 
 
 def build_runner(spec: WorkerSpec, model, comm: Communicator, num_blocks: int, driver=None):

@@ -1,0 +1,159 @@
+"""Quantized weight formats: int8 (symmetric, per output channel or per group) and int4 (asymmetric, group-wise).
+
+    int8:  w[n, k] = scale[n, k // G] * q[n, k]                  q in [-127, 127]   (G = K: per output channel)
+    int4:  w[n, k] = scale[n, k // G] * q[n, k] + min[n, k // G] q in [0, 15]
+
+Scales and mins are float16 (what GGUF stores; half the bytes of float32). Before quantizing, each scale is rounded
+to float16 first, so the integers are chosen against the scale that dequantization will actually use.
+
+int4 values are packed two per byte in blocks of 32 — byte j of a block holds element j in its low nibble and
+element j + 16 in its high nibble — which is GGUF's Q4_0/Q4_1 layout, so those checkpoints load by copying bytes.
+Group sizes are multiples of 32 (the packing block, and the kernel's activation block).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+KINDS = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What to quantize a weight to. `group_size=None` for int8 means one scale per output channel."""
+    kind: str
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown quantization kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.kind == "int4" and self.group_size is None:
+            raise ValueError("int4 needs a group size (a multiple of 32, e.g. 32 or 128)")
+        if self.group_size is not None and (self.group_size < BLOCK or self.group_size % BLOCK):
+            raise ValueError(f"group size {self.group_size} is not a positive multiple of {BLOCK}: "
+                             f"use 32, 64, 128, ...")
+
+    def group_for(self, in_features: int) -> int:
+        """The group size used for a matrix with `in_features` columns; raises if it does not divide them."""
+        g = in_features if self.group_size is None else self.group_size
+        if in_features % BLOCK or in_features % g:
+            raise ValueError(f"{self.kind} group size {g} does not divide the input dimension {in_features} "
+                             f"(it must be a multiple of {BLOCK} that divides it); pick another group size or "
+                             f"leave this layer unquantized")
+        return g
+
+
+@dataclass
+class QuantizedWeight:
+    """A [N, K] matrix in one of the formats above. `qweight` is int8 [N, K] (int8) or uint8 [N, K/2] (int4)."""
+    kind: str
+    qweight: torch.Tensor
+    scales: torch.Tensor             # float16 [N, K / group_size]
+    mins: torch.Tensor | None        # float16 [N, K / group_size] for int4, None for int8
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, k = self.qweight.shape
+        return (n, k * 2) if self.kind == "int4" else (n, k)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.qweight, self.scales, self.mins) if t is not None]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.shape
+        q = unpack_int4(self.qweight) if self.kind == "int4" else self.qweight
+        g = self.group_size
+        w = q.float().view(n, k // g, g) * self.scales.float().unsqueeze(-1)
+        if self.mins is not None:
+            w = w + self.mins.float().unsqueeze(-1)
+        return w.reshape(n, k).to(dtype)
+
+    def rows(self, r: slice) -> "QuantizedWeight":
+        """Output rows `r` (a column-parallel shard): every tensor is row-major by output channel."""
+        return QuantizedWeight(self.kind, self.qweight[r].contiguous(), self.scales[r].contiguous(),
+                               None if self.mins is None else self.mins[r].contiguous(), self.group_size)
+
+    def take_rows(self, index: torch.Tensor) -> "QuantizedWeight":
+        """The rows at `index` (an embedding lookup, or a row permutation)."""
+        return QuantizedWeight(self.kind, self.qweight[index], self.scales[index],
+                               None if self.mins is None else self.mins[index], self.group_size)
+
+    def cols(self, c: slice) -> "QuantizedWeight":
+        """Input columns `c` (a row-parallel shard); both ends must fall on group boundaries."""
+        g = self.group_size
+        if c.start % g or c.stop % g:
+            raise ValueError(f"columns {c.start}:{c.stop} do not fall on {self.kind} group boundaries of {g}: "
+                             "this tensor-parallel size cannot split the quantized matrix; use another size or "
+                             "--quantization none")
+        per = 2 if self.kind == "int4" else 1
+        return QuantizedWeight(self.kind, self.qweight[:, c.start // per:c.stop // per].contiguous(),
+                               self.scales[:, c.start // g:c.stop // g].contiguous(),
+                               None if self.mins is None else self.mins[:, c.start // g:c.stop // g].contiguous(),
+                               g)
+
+    @staticmethod
+    def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
+        """Stack matrices by output rows (fused q/k/v, gate/up); they must share kind and group size."""
+        first = parts[0]
+        if any(p.kind != first.kind or p.group_size != first.group_size or p.shape[1] != first.shape[1]
+               for p in parts):
+            raise ValueError("cannot fuse matrices quantized differently: "
+                             + ", ".join(f"{p.kind}/g{p.group_size}" for p in parts))
+        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+        return QuantizedWeight(first.kind, torch.cat([p.qweight for p in parts]),
+                               torch.cat([p.scales for p in parts]), mins, first.group_size)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] integers in 0..15 -> [N, K/2] uint8, GGUF's nibble order within each block of 32."""
+    n, k = q.shape
+    b = q.to(torch.uint8).view(n, k // BLOCK, 2, BLOCK // 2)
+    return (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_int4: [N, K/2] uint8 -> [N, K] uint8 in 0..15."""
+    n, half = packed.shape
+    b = packed.view(n, half // (BLOCK // 2), 1, BLOCK // 2)
+    return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
+
+
+def quantize(w: torch.Tensor, spec: QuantSpec) -> QuantizedWeight:
+    """Round-to-nearest quantization of a float [N, K] matrix."""
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight matrix, got shape {tuple(w.shape)}")
+    n, k = w.shape
+    g = spec.group_for(k)
+    x = w.detach().float().reshape(n, k // g, g)
+    if spec.kind == "int8":
+        scale = (x.abs().amax(-1) / 127).half()
+        safe = torch.where(scale.float() > 0, scale.float(), torch.ones(()))
+        q = torch.clamp(torch.round(x / safe.unsqueeze(-1)), -127, 127).to(torch.int8)
+        return QuantizedWeight("int8", q.reshape(n, k), scale, None, g)
+    lo, hi = x.amin(-1), x.amax(-1)
+    scale, mins = ((hi - lo) / 15).half(), lo.half()
+    safe = torch.where(scale.float() > 0, scale.float(), torch.ones(()))
+    q = torch.clamp(torch.round((x - mins.float().unsqueeze(-1)) / safe.unsqueeze(-1)), 0, 15)
+    return QuantizedWeight("int4", pack_int4(q.reshape(n, k)), scale, mins, g)
+
+
+ACT_LEVELS = 32767   # the CPU kernel quantizes activations to int16 (csrc/qgemm.c says why not int8)
+
+
+def quantize_activations(x: torch.Tensor, levels: int = ACT_LEVELS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dynamic quantization of activations per row and per block of 32 to integers in [-levels, levels] (what the
+    CPU kernel does first): returns q [M, K] (int16), scale float32 [M, K/32], and scale * sum(q) per block
+    [M, K/32] (for int4's minimums)."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // BLOCK, BLOCK)
+    d = xb.abs().amax(-1) / levels
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros(()))
+    q = torch.round(xb * inv.unsqueeze(-1)).clamp(-levels, levels)
+    return q.to(torch.int16).reshape(m, k), d, d * q.sum(-1)

@@ -1,0 +1,55 @@
+"""Which quantization a loaded model runs with: the `quantization` setting (EngineConfig, --quantization).
+
+    auto  keep the checkpoint's format: GGUF Q4_0/Q4_1 -> int4, Q8_0 -> int8 (bytes copied, no float round trip);
+          other quantized GGML types are dequantized and quantized again (<= 5 bits -> int4, more -> int8);
+          float checkpoints stay float
+    none  dequantize everything to the float dtype (exact float math; what the labs use)
+    int8  every linear layer int8 per output channel; embedding / LM head int8 per output channel
+    int4  every linear layer int4 in groups of `group_size`; embedding / LM head int8 per output channel
+"""
+from __future__ import annotations
+
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+BLOCK = 32   # = formats.BLOCK; this module stays free of torch (EngineConfig validates with it at CLI start)
+_LOW_BITS = ("Q4", "Q5", "Q3", "Q2", "IQ1", "IQ2", "IQ3", "IQ4", "TQ")
+
+
+def check_quantization(quantization: str, group_size: int, rules=None) -> None:
+    """Raise ValueError for a setting that cannot work, before anything is read."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < BLOCK or group_size % BLOCK:
+        raise ValueError(f"quantization_group_size must be a positive multiple of {BLOCK} (32, 64, 128, ...), "
+                         f"got {group_size!r}")
+    if rules is not None and quantization != "none":
+        raise ValueError("tp_rules (a learner's tensor-parallel rules) run float weights only: pass "
+                         "quantization='none' with them")
+
+
+def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
+    """Quantize a loaded model in place according to the setting (see the module docstring)."""
+    from minillm.quant.formats import QuantSpec
+    if quantization == "none":
+        return
+    int8_rows = QuantSpec("int8")
+    if quantization == "int8":
+        model.quantize_(int8_rows, int8_rows)
+    elif quantization == "int4":
+        model.quantize_(QuantSpec("int4", group_size), int8_rows)
+    else:   # auto: what the checkpoint stored quantized but could not be taken as it is
+        types = getattr(model, "checkpoint_types", {})
+        was_quantized = {name.rsplit(".", 1)[0] for name in types}
+        low = {name.rsplit(".", 1)[0] for name, t in types.items() if t.startswith(_LOW_BITS)}
+        model.quantize_(QuantSpec("int8", BLOCK), QuantSpec("int8", BLOCK),
+                        only=lambda n: n in was_quantized and n not in low)
+        model.quantize_(QuantSpec("int4", BLOCK), QuantSpec("int8", BLOCK), only=lambda n: n in low)
+
+
+def describe(model) -> str:
+    """One line: which formats the model's weights are in, e.g. 'int4 g32 x210, int8 g32 x1'."""
+    from collections import Counter
+    kinds = Counter()
+    for _, m in model.quantizable():
+        q = m.quant
+        kinds["float" if q is None else f"{q.kind} g{q.group_size}"] += 1
+    return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
