@@ -263,7 +263,10 @@ def cmd_bench(args) -> int:
         raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
                          "--tensor-parallel-size / --pipeline-parallel-size")
     if args.what == "decode":
-        from minillm.bench.decode import (as_dict, format_decode_benches, run_decode_bench, run_llama_bench)
+        from minillm.bench.decode import (as_dict, check_llama_bench, format_decode_benches, run_decode_bench,
+                                          run_llama_bench)
+        if args.llama_bench:
+            check_llama_bench(args.llama_bench, args.model)
         results = []
         for q in quantizations:
             args.quantization = q

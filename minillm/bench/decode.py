@@ -138,15 +138,21 @@ def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None
     return "\n".join(lines)
 
 
+def check_llama_bench(binary: str, model: str) -> None:
+    """Before any timing: the peer exists and the model is a file both engines read."""
+    import os
+    from pathlib import Path
+    if not (str(model) == "default" or str(model).endswith(".gguf")):
+        raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
+    if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
+        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as the README says)")
+
+
 def run_llama_bench(binary: str, gguf: str, threads: int, steps: int) -> dict:
     """llama.cpp's own decode speed on the same file and thread count (`llama-bench -p 0 -n steps`)."""
     import json
     import subprocess
-    from pathlib import Path
-    if not str(gguf).endswith(".gguf"):
-        raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
-    if not Path(binary).is_file():
-        raise ValueError(f"--llama-bench {binary}: no such file (build llama-bench as the README says)")
+    check_llama_bench(binary, gguf)
     done = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(steps), "-r", "3",
                            "-o", "json"], capture_output=True, text=True)
     if done.returncode != 0:
