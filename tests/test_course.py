@@ -5,11 +5,15 @@ Driven by the list of lab folders (solutions/labNN), so a new lab is covered the
 - labs/ is what `nbgrader generate_assignment` makes of solutions/ today (checked on the autograde run's release);
 - real `nbgrader autograde` into a throwaway gradebook: the solution gets full marks, the untouched release 0;
 - the solution's autograde (a full top-to-bottom run) finishes without errors in under 3 minutes;
-- `minillm grade` gives full marks (exit 0) to a solution folder and 0 (exit 1) to a release folder.
+- `minillm grade` gives full marks (exit 0) to a solution folder and 0 (exit 1) to a release folder;
+- feedback in a real kernel: a failing graded cell shows the checker's verdict alone (no grader frame, no install
+  path) under nbgrader autograde, and `minillm grade` prints whole verdicts, syntax errors in answer cells and
+  endless loops as such.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shutil
 import subprocess
@@ -130,6 +134,8 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
         dest = course / "submitted" / student / lab
         dest.mkdir(parents=True)
         shutil.copy(src / f"{lab}.ipynb", dest / f"{lab}.ipynb")
+    if lab == "lab00":                 # and one wrong answer, to see what a learner sees (the same nbgrader run)
+        submit_wrong_lab00(course)
     # One autograde run grades both submissions (each executed top to bottom in its own kernel); the solution's
     # executed copy is also the learner's run: errors anywhere, unexecuted cells and the lab's time budget are
     # checked on it. (One nbgrader process, not two: each start costs ~5 s of imports.)
@@ -155,12 +161,99 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
         assert errors and errors[0].ename == "GradingError" and errors[0].evalue.startswith("not implemented yet"), \
             (cell.metadata["nbgrader"]["grade_id"], [(o.ename, o.evalue[:200]) for o in errors])
-    # feedback shows the checker's verdict, not hidden test logic (every lab's graded cells are the same one-line
-    # checker calls, so one lab proves it: each nbgrader run costs ~10 s)
-    if lab == LABS[0]:
-        bn.nbgrader(["generate_feedback", lab, "--force", "--student", "blank"], course, state, timeout=600)
+        assert_only_the_verdict(errors[0])
+    # feedback shows the checker's verdict, not hidden test logic, and a wrong answer's whole verdict (every lab's
+    # graded cells are the same one-line checker calls, so one lab proves it: each nbgrader run costs ~10 s)
+    if lab == "lab00":
+        bn.nbgrader(["generate_feedback", lab, "--force"], course, state, timeout=600)
         html = (course / "feedback" / "blank" / lab / f"{lab}.html").read_text()
         assert "not implemented yet" in html
+        check_wrong_lab00(course)
+
+
+def plain(lines: list[str]) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines))
+
+
+def assert_only_the_verdict(error) -> None:
+    """A graded cell's error output as the notebook shows it: the verdict (ename: evalue), nothing above it."""
+    shown = plain(error.traceback)
+    assert shown == f"{error.ename}: {error.evalue}", shown
+    for internal in ("Traceback", "minillm/grading", "site-packages", "core.py", 'File "'):
+        assert internal not in shown, shown
+
+
+def lab00_notebook(answers: dict[str, str]):
+    """lab00's three tasks as a tiny notebook: for each, an answer cell (nbgrader metadata as in the release) with
+    the given source, then lab00's real graded cell. Runs in seconds (no model)."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    names = {"lab00_1": "linear_flops_bytes", "lab00_2": "model_flops_bytes", "lab00_3": "roofline_time"}
+    for gid, name in names.items():
+        meta = {"grade": False, "solution": True, "locked": False, "grade_id": f"{gid}_answer", "schema_version": 3}
+        nb.cells.append(nbformat.v4.new_code_cell(answers[gid], metadata={"nbgrader": meta}))
+        meta = {"grade": True, "solution": False, "locked": True, "points": 1, "grade_id": gid, "schema_version": 3}
+        nb.cells.append(nbformat.v4.new_code_cell(f"from minillm.grading.lab00 import check_{gid}; check_{gid}({name})",
+                                                  metadata={"nbgrader": meta}))
+    return nb
+
+
+WRONG_ROOFLINE = "def roofline_time(flops, nbytes, peak_flops, bandwidth):\n    return min(flops / peak_flops, " \
+                 "nbytes / bandwidth)\n"
+
+
+@pytest.mark.slow
+def test_minillm_grade_reports_syntax_errors_endless_loops_and_whole_verdicts(tmp_path):
+    nb = lab00_notebook({
+        "lab00_1": "def linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes):\n    return (2 * num_tokens *\n",
+        "lab00_2": "def model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes):\n    n = 0\n    while True:\n"
+                   "        n += 1\n",
+        "lab00_3": WRONG_ROOFLINE})
+    nbformat.write(nb, tmp_path / "mine.ipynb")
+    env = dict(os.environ, MINILLM_TIME_LIMIT_SCALE="0.05")          # the checks' 120 s become 6 s
+    r = subprocess.run([sys.executable, "-m", "minillm", "grade", str(tmp_path / "mine.ipynb")], capture_output=True,
+                       text=True, timeout=600, env=env)
+    out = r.stdout
+    assert r.returncode == 1 and out.strip().splitlines()[-1] == "score: 0/3", out
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "lab00_1" in line)
+    assert re.search(r"lab00_1\s+0/1\s+FAIL  syntax error in the answer cell of lab00_1 \(cell 1 of the notebook\), "
+                     r"line 2: ", lines[at]), out
+    assert lines[at + 1].strip() == "return (2 * num_tokens *", out
+    assert re.search(r"lab00_2\s+0/1\s+FAIL  timed out after 6 s: the check of lab00_2 \(model_flops_bytes\) did "
+                     r"not finish \(it was running your code, in model_flops_bytes, line [34]\)", out), out
+    at = next(i for i, line in enumerate(lines) if "lab00_3" in line)
+    assert "FAIL  roofline_time = " in lines[at] and "you took the smaller" in lines[at], out
+    assert lines[at + 1].strip().startswith("Smallest failing example: roofline_time(flops="), out
+    assert lines[at + 2].strip().startswith("Hint (1/3): "), out
+
+
+def submit_wrong_lab00(course: Path) -> None:
+    """lab00's solution with one answer deliberately wrong (roofline_time takes the min), as student "wrong"."""
+    nb = nbformat.read(ROOT / "solutions" / "lab00" / "lab00.ipynb", as_version=4)
+    [answer] = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "lab00_3_answer"]
+    answer.source = WRONG_ROOFLINE
+    dest = course / "submitted" / "wrong" / "lab00"
+    dest.mkdir(parents=True)
+    nbformat.write(nb, dest / "lab00.ipynb")
+
+
+def check_wrong_lab00(course: Path) -> None:
+    """After a real `nbgrader autograde` (and generate_feedback): the wrong answer's graded cell shows the verdict,
+    message + example + hint, with no grader frame above it; the other tasks pass; the feedback page shows it."""
+    ran = nbformat.read(course / "autograded" / "wrong" / "lab00" / "lab00.ipynb", as_version=4)
+    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in graded(ran)}
+    assert not [o for gid in ("lab00_1", "lab00_2") for o in cells[gid].outputs if o.output_type == "error"]
+    [error] = [o for o in cells["lab00_3"].outputs if o.output_type == "error"]
+    assert error.ename == "GradingError", error
+    assert_only_the_verdict(error)
+    verdict = error.evalue.splitlines()
+    assert verdict[0].startswith("roofline_time = ") and "you took the smaller" in verdict[0], verdict
+    assert verdict[1].startswith("Smallest failing example: roofline_time(flops=") and \
+        verdict[2].startswith("Hint (1/3): "), verdict
+    html = (course / "feedback" / "wrong" / "lab00" / "lab00.html").read_text()
+    assert "Smallest failing example: roofline_time(flops=" in html
+    assert "minillm/grading" not in html and "site-packages" not in html
 
 
 def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):
@@ -190,7 +283,7 @@ def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):
     lines = out.strip().splitlines()
     assert lines[-1] == "score: 2/7", out
     assert re.search(r"t_1\s+2/2\s+pass", out), out
-    assert re.search(r"t_2\s+0/1\s+FAIL\s+AssertionError: x should be 2$", out, re.M), out
+    assert re.search(r"t_2\s+0/1\s+FAIL\s+AssertionError: x should be 2\n\s+second line$", out, re.M), out
     assert re.search(r"t_3\s+0/4\s+FAIL\s+the graded cell was modified", out), out
 
 
