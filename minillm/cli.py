@@ -230,6 +230,7 @@ BENCH_FLAGS = {
     "spec": {"tasks", "proposers", "k", "batch_sizes", "batch1_requests", "max_tokens", "seed", "repeat", "plot"},
     "structured": {"batch_sizes", "max_tokens", "repeat"},
     "parallel": {"layouts", "batch_sizes", "steps", "plot"},
+    "quality": {"windows", "plot"},
 }
 
 
@@ -249,9 +250,11 @@ def _check_bench_flags(args) -> None:
 
 def cmd_bench(args) -> int:
     _check_bench_flags(args)
+    if args.what == "quality":
+        return _bench_quality(args)
     quantizations = args.quantization or [EngineConfig().quantization]
     if len(quantizations) > 1 and args.what != "decode":
-        raise ValueError(f"bench {args.what} takes one --quantization (bench decode compares several)")
+        raise ValueError(f"bench {args.what} takes one --quantization (bench decode and quality compare several)")
     args.quantization = quantizations[0]
     if args.what != "parallel":
         par = engine_config(args).parallel
@@ -298,6 +301,29 @@ def cmd_bench(args) -> int:
     return bench_cli.run(args)
 
 
+QUALITY_DEFAULT = ["none", "auto", "int8", "int4"]
+
+
+def _bench_quality(args) -> int:
+    from minillm.bench.quality import as_dicts, format_quality, quality_plot, run_quality_bench
+    config = engine_config(args, quantization="none")     # the other engine settings, validated
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    if args.windows < 1:
+        raise ValueError(f"--windows must be at least 1, got {args.windows}")
+    quantizations = args.quantization or QUALITY_DEFAULT
+    progress = None if args.json else progress_line
+    rows = run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
+                             progress=progress)
+    progress_line("")
+    if args.plot:
+        quality_plot(rows, args.plot)
+    print(json.dumps(as_dicts(rows)) if args.json else format_quality(rows, args.windows, 256)
+          + (f"\nplot written to {args.plot}" if args.plot else ""))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from minillm.bench.demo import run_demo
     return run_demo(args)
@@ -333,8 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
                "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
                "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~1 min\n"
+               "  minillm bench decode --quantization auto int8 none   # ms/token and bytes per format: ~2 min\n"
+               "  minillm bench quality --plot q.png         # perplexity per quantization: ~1 min\n"
                "\n" + EPILOG_MODEL)
-    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel"],
+    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel",
+                                    "quality"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
                         "throughput: continuous batching vs transformers static batches; "
                         "kv: paged vs contiguous KV waste and concurrency; "
@@ -345,13 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "structured: constrained decoding's index build time, mask cost per step and tokens/s "
                         "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat); "
                         "parallel: step time at each --batch-sizes, bytes sent per token vs the formula and time in "
-                        "collectives for each of --layouts (uses --steps)")
+                        "collectives for each of --layouts (uses --steps); "
+                        "quality: perplexity and top-1 agreement per --quantization (default: none auto int8 int4) "
+                        "on held-out Python docs (uses --windows, --plot)")
     _add_model_args(b, several_quantizations=True)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
                    help="decode: prompt lengths to time prefill at")
     b.add_argument("--steps", type=int, default=None, help="decode: tokens to time (default 64); parallel: decode "
                                                              "steps per batch size (default 16)")
+    b.add_argument("--windows", type=int, default=8, help="quality: 256-token windows of held-out text to score")
     b.add_argument("--llama-bench", default=None, metavar="PATH",
                    help="decode: also run llama.cpp's llama-bench (this binary) on the same GGUF file and thread "
                         "count, and print minillm's tokens/s as a ratio of it (build recipe in README)")

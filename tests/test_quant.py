@@ -141,6 +141,7 @@ def test_a_kernel_with_a_wrong_group_index_is_caught():
     (lambda: quantize(torch.randn(4, 40), QuantSpec("int8")), "does not divide the input dimension 40"),
     (lambda: check_quantization("int2", 32), "unknown quantization 'int2'"),
     (lambda: check_quantization("int4", 0), "multiple of 32"),
+    (lambda: check_quantization("int4", 10**30), "up to 65536"),
     (lambda: check_quantization("int4", 32, rules=object()), "tp_rules"),
     (lambda: QuantizedWeight.cat([quantize(torch.randn(2, 64), QuantSpec("int4", 32)),
                                   quantize(torch.randn(2, 64), QuantSpec("int8", 32))]), "quantized differently"),
@@ -271,3 +272,37 @@ def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(s
     print(f"greedy agreement {agree}/{total} tokens before the first divergence; worst logit diff {worst:.4f}")
     assert worst < 0.05
     assert agree >= 0.9 * total
+
+
+# ------------------------------------------------------------------------------------------- bench quality
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from minillm.testing import random_model, save_model_dir, tiny_tokenizer
+    return save_model_dir(random_model(7, vocab=tiny_tokenizer().vocab_size, max_pos=512),
+                          tmp_path_factory.mktemp("qtiny"))
+
+
+def test_quality_bench_scores_held_out_text_and_orders_formats(tiny_model_dir):
+    import math
+    from minillm.bench.quality import CALIBRATION_CHARS, corpus, run_quality_bench
+    rows = run_quality_bench(str(tiny_model_dir), ["none", "int8", "int4"], num_windows=2, window=64)
+    none, int8, int4 = rows
+    assert none.top1_agreement == 1.0 and all(math.isfinite(r.perplexity) for r in rows)
+    assert int4.bytes_per_weight < int8.bytes_per_weight < none.bytes_per_weight == 4.0
+    # int8 per channel barely moves a random model; int4 moves it more (both measured on the same windows). A random
+    # model's next-token distributions are nearly flat (perplexity in the thousands), so small weight changes swap
+    # near-tied argmaxes: agreement is lower than on a trained model (the slow SmolLM2 test asks for 90 %).
+    assert abs(int8.perplexity / none.perplexity - 1) < 0.02 and int8.top1_agreement > 0.8
+    assert abs(int4.perplexity / none.perplexity - 1) >= abs(int8.perplexity / none.perplexity - 1)
+    assert len(corpus()) > 2 * CALIBRATION_CHARS          # the held-out part is the larger one
+
+
+def test_bench_quality_cli_json(tiny_model_dir, capsys):
+    import json
+    from minillm.cli import main
+    assert main(["bench", "quality", "--model", str(tiny_model_dir), "--windows", "1", "--quantization", "none",
+                 "int4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["quantization"] for r in rows] == ["none", "int4"] and rows[1]["formats"].startswith("int4 g32")
+    assert main(["bench", "quality", "--windows", "0"]) == 2

@@ -18,8 +18,9 @@ def check_quantization(quantization: str, group_size: int, rules=None) -> None:
     """Raise ValueError for a setting that cannot work, before anything is read."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < BLOCK or group_size % BLOCK:
-        raise ValueError(f"quantization_group_size must be a positive multiple of {BLOCK} (32, 64, 128, ...), "
+    if (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < BLOCK or group_size % BLOCK
+            or group_size > 2**16):
+        raise ValueError(f"quantization_group_size must be a multiple of {BLOCK} up to 65536 (32, 64, 128, ...), "
                          f"got {group_size!r}")
     if rules is not None and quantization != "none":
         raise ValueError("tp_rules (a learner's tensor-parallel rules) run float weights only: pass "
