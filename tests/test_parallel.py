@@ -391,3 +391,17 @@ def test_speculative_decoding_verifies_on_a_parallel_engine(tiny_dir, layout):
         outs = llm.generate(prompts, p, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == want
         assert sum(o.metrics.spec.num_draft_tokens for o in outs) > 0, "the prompts were meant to draft guesses"
+
+
+def test_quantized_tensor_parallel_equals_quantized_one_process(tiny_dir):
+    """int4 layers sharded over two ranks (rows of column-parallel layers, group-aligned columns of row-parallel
+    ones, each rank quantizing its own slice) give the one-process int4 engine's greedy tokens."""
+    import copy
+    from minillm.quant.formats import QuantSpec
+    model, path = tiny_dir
+    single = LLMEngine.from_model(copy.deepcopy(model).quantize_(QuantSpec("int4", 32), QuantSpec("int8")))
+    requests = [([5, 9, 33, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
+                (list(range(40, 70)), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))]
+    with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", quantization="int4") as llm:
+        assert all(m.quant is not None for _, m in llm.engine.model.quantizable())
+        assert run_engine(llm.engine, requests) == run_engine(single, requests)
