@@ -556,6 +556,21 @@ def test_delegation_to_minillm_is_refused(tid, how):
     assert any(s in msg for s in reasons), msg
 
 
+def test_raising_the_graders_own_exceptions_ends_in_a_failure():
+    """The grader's control-flow exceptions (the tracer's stop, a time limit) raised by the answer itself do not end
+    the check with a pass."""
+    mod = learner_module()
+    run_cell(mod, "from minillm.grading import core\n"
+                  "def stop(flops, nbytes, peak_flops, bandwidth):\n    raise core.Delegated()\n"
+                  "def timeout(flops, nbytes, peak_flops, bandwidth):\n"
+                  "    raise core.TimedOut(core._LIMITS[-1] if core._LIMITS else None, '')\n")
+    with pytest.raises(GradingError, match="the grader's own signal"):
+        TASKS["lab00_3"].check(vars(mod)["stop"])
+    with pytest.raises(BaseException) as e:        # not its own limit: it leaves the check, the cell fails
+        TASKS["lab00_3"].check(vars(mod)["timeout"])
+    assert isinstance(e.value, (GradingError, core.TimedOut)), e.value
+
+
 # ---------------------------------------------------------------- no private names of engine objects
 
 ALLOWED_PRIVATE = {"_partialmethod", "_getframe",   # functools' and sys's own, read by the framework

@@ -852,7 +852,9 @@ class Task:
             except NotImplementedError:
                 verdict = GradingError(NOT_IMPLEMENTED)
             except Delegated:
-                pass
+                if watch.seen is None:      # not the tracer's: the answer raised it itself, to end the check early
+                    verdict = GradingError("your code raised Delegated, the grader's own signal to stop a check: "
+                                           "an answer cannot end its check early.")
             except TimedOut as e:
                 if e.limit is not limit:
                     raise
