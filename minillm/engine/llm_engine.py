@@ -225,7 +225,7 @@ class LLMEngine:
             if self.spec is not None:
                 if seq.text.finished:
                     self.spec.drop(seq)
-                elif seq in verified:
+                elif seq in verified or seq.spec_token_ids:   # guesses left unverified (a one-token budget): none kept
                     self.spec.proposer.verified(seq, len(appended[seq]) - 1)
         if self.spec is not None:
             for seq, _ in sched.scheduled:       # guesses not verified (a short budget) are stale now
