@@ -1,6 +1,6 @@
 """Property: decoding token by token with the KV cache gives the logits of recomputing the whole sequence."""
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
@@ -11,6 +11,12 @@ HEADS = st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 3), (2, 1)])
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
+# one prompt token and one decode; a prompt of exactly one chunk; chunks of one token (every prefill step is a
+# decode-sized query over cached context); the longest prompt in one chunk; MQA
+@example(heads=(4, 2), prompt_len=1, decode_len=1, chunk=1, seed=0)
+@example(heads=(4, 4), prompt_len=16, decode_len=3, chunk=16, seed=1)
+@example(heads=(6, 3), prompt_len=9, decode_len=2, chunk=1, seed=2)
+@example(heads=(4, 1), prompt_len=40, decode_len=12, chunk=16, seed=3)
 @given(heads=HEADS, prompt_len=st.integers(1, 40), decode_len=st.integers(1, 12), chunk=st.integers(1, 16),
        seed=st.integers(0, 2**16))
 def test_cached_decode_equals_recompute(heads, prompt_len, decode_len, chunk, seed):

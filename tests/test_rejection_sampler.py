@@ -4,7 +4,7 @@ requests per case for the engine's sampler and 10,000 for the plain per-request 
 rejected with p < 1e-6 at that size, while the right rule passes at 1e-4)."""
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minillm.sampling.rejection_sampler import RejectionSampler
 from minillm.sampling.sampler import make_generator
@@ -154,6 +154,8 @@ def test_acceptance_rate_is_the_overlap_of_p_and_q():
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
+@example(seed=0, ks=[0])                             # nothing drafted: the bonus token alone
+@example(seed=1, ks=[5, 0, 5])                       # the longest drafts around an empty one
 @given(seed=st.integers(0, 10**6), ks=st.lists(st.integers(0, 5), min_size=1, max_size=6))
 def test_greedy_rows_accept_while_the_draft_is_the_argmax_then_emit_the_argmax(seed, ks):
     gen = torch.Generator().manual_seed(seed)
@@ -172,6 +174,9 @@ def test_greedy_rows_accept_while_the_draft_is_the_argmax_then_emit_the_argmax(s
 
 
 @settings(max_examples=20, deadline=None, derandomize=True)
+@example(seed=0, ks=[0, 0], at=0)                    # no drafts anywhere: only the final draw's noise
+@example(seed=1, ks=[4, 0, 2], at=1)                 # the seeded request drafted nothing, its neighbours did
+@example(seed=2, ks=[1, 4, 4, 4, 4], at=4)
 @given(seed=st.integers(0, 10**6), ks=st.lists(st.integers(0, 4), min_size=2, max_size=5), at=st.integers(0, 4))
 def test_a_seeded_request_gets_the_same_tokens_whatever_else_is_in_the_batch(seed, ks, at):
     at = at % len(ks)

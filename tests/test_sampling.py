@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from minillm.sampling.params import MAX_LOGPROBS, SamplingParams
 from minillm.sampling.processors import (apply_min_p, apply_penalties, apply_top_k, apply_top_p, process_logits)
@@ -74,6 +74,13 @@ settings_strategy = st.builds(
 
 
 @settings(max_examples=40, **SETTINGS)
+# the smallest vocabulary with every rule at its tightest; a greedy row beside random ones; min-p leaving fewer
+# tokens than top-k asks for; top-k = 1 with top-p = 1 (exactly the argmax)
+@example(seed=0, params=[SamplingParams(temperature=0.5, top_k=1, top_p=0.2, min_p=0.3)], vocab=2)
+@example(seed=1, params=[SamplingParams(temperature=0), SamplingParams(temperature=1.7, top_p=0.5),
+                         SamplingParams(temperature=1.0)], vocab=40)
+@example(seed=2, params=[SamplingParams(temperature=1.0, top_k=10, min_p=0.3)], vocab=40)
+@example(seed=3, params=[SamplingParams(temperature=1.7, top_k=1)], vocab=3)
 @given(seed=st.integers(0, 10**6), params=st.lists(settings_strategy, min_size=1, max_size=6),
        vocab=st.integers(2, 40))
 def test_vectorized_batch_equals_the_per_row_reference(seed, params, vocab):
@@ -95,6 +102,9 @@ def test_a_loop_per_row_is_not_needed_the_transforms_take_one_setting_per_row():
 # ---------------------------------------------------------------- each transform's property
 
 @settings(max_examples=60, **SETTINGS)
+@example(seed=0, vocab=2, p=1.0)                     # keeps everything
+@example(seed=1, vocab=200, p=0.01)                  # only the most likely token
+@example(seed=2, vocab=2, p=0.5)
 @given(seed=st.integers(0, 10**6), vocab=st.integers(2, 200), p=st.floats(0.01, 1.0))
 def test_top_p_keeps_the_smallest_set_reaching_p_including_the_crossing_token(seed, vocab, p):
     logits = rows(seed, 1, vocab)
@@ -108,6 +118,11 @@ def test_top_p_keeps_the_smallest_set_reaching_p_including_the_crossing_token(se
 
 
 @settings(max_examples=40, **SETTINGS)
+@example(seed=0, vocab=10, k=-1)                     # k <= 0: everything
+@example(seed=0, vocab=10, k=0)
+@example(seed=1, vocab=10, k=1)
+@example(seed=2, vocab=10, k=9)                      # all but one
+@example(seed=2, vocab=10, k=10)                     # k = V: everything
 @given(seed=st.integers(0, 10**6), vocab=st.integers(2, 100), k=st.integers(-1, 120))
 def test_top_k_keeps_the_k_most_likely(seed, vocab, k):
     logits = rows(seed, 1, vocab)
@@ -118,6 +133,9 @@ def test_top_k_keeps_the_k_most_likely(seed, vocab, k):
 
 
 @settings(max_examples=40, **SETTINGS)
+@example(seed=0, vocab=10, m=0.0)                    # nothing dropped
+@example(seed=1, vocab=10, m=1.0)                    # only the most likely token(s)
+@example(seed=2, vocab=2, m=0.5)
 @given(seed=st.integers(0, 10**6), vocab=st.integers(2, 100), m=st.floats(0.0, 1.0))
 def test_min_p_drops_exactly_the_tokens_below_min_p_times_the_top(seed, vocab, m):
     logits = rows(seed, 1, vocab)
@@ -128,6 +146,9 @@ def test_min_p_drops_exactly_the_tokens_below_min_p_times_the_top(seed, vocab, m
 
 
 @settings(max_examples=40, **SETTINGS)
+@example(seed=0, vocab=4, prompt=[], output=[], rep=1.5, pres=1.0, freq=1.0)        # nothing seen: untouched
+@example(seed=1, vocab=4, prompt=[1], output=[2, 2, 2, 1], rep=1.0, pres=0.0, freq=0.0)   # neutral settings
+@example(seed=2, vocab=8, prompt=[0, 3], output=[3, 3, 5], rep=0.5, pres=-2.0, freq=2.0)
 @given(seed=st.integers(0, 10**6), vocab=st.integers(4, 60),
        prompt=st.lists(st.integers(0, 59), max_size=8), output=st.lists(st.integers(0, 59), max_size=8),
        rep=st.floats(0.5, 2.0), pres=st.floats(-2, 2), freq=st.floats(-2, 2))
@@ -155,6 +176,8 @@ def test_repetition_penalty_changes_greedy_choice_only_through_seen_tokens():
 
 
 @settings(max_examples=30, **SETTINGS)
+@example(seed=0, vocab=2, temp=0.1)
+@example(seed=1, vocab=300, temp=5.0)
 @given(seed=st.integers(0, 10**6), vocab=st.integers(2, 300), temp=st.floats(0.1, 5.0))
 def test_top_k_1_is_greedy(seed, vocab, temp):
     logits = rows(seed, 1, vocab)[0]
@@ -203,6 +226,8 @@ def test_draw_picks_token_j_with_probability_p_j():
 
 
 @settings(max_examples=20, **SETTINGS)
+@example(seed=0, vocab=2, temp=0.3)
+@example(seed=2**31 - 1, vocab=300, temp=2.0)
 @given(seed=st.integers(0, 2**31 - 1), vocab=st.integers(2, 300), temp=st.floats(0.3, 2.0))
 def test_same_seed_reproduces(seed, vocab, temp):
     logits = rows(seed, 1, vocab)[0]
@@ -212,6 +237,9 @@ def test_same_seed_reproduces(seed, vocab, temp):
 
 
 @settings(max_examples=25, **SETTINGS)
+@example(seed=0, others=[], at=0, target=SamplingParams(temperature=1.0))               # alone in its batch
+@example(seed=1, others=[SamplingParams(temperature=0.5, top_k=3)] * 2, at=5,           # last, after greedy-ish rows
+         target=SamplingParams(temperature=1.7, top_p=0.2))
 @given(seed=st.integers(0, 10**6), others=st.lists(settings_strategy, max_size=5), at=st.integers(0, 5),
        target=settings_strategy)
 def test_a_seeded_row_draws_the_same_token_whatever_else_is_in_the_batch(seed, others, at, target):
@@ -229,6 +257,8 @@ def test_a_seeded_row_draws_the_same_token_whatever_else_is_in_the_batch(seed, o
 # ---------------------------------------------------------------- logprobs
 
 @settings(max_examples=25, **SETTINGS)
+@example(seed=0, n=0, temp=0.0)                      # the sampled token's logprob only
+@example(seed=1, n=8, temp=0.8)
 @given(seed=st.integers(0, 10**6), n=st.integers(0, 8), temp=st.sampled_from([0.0, 0.8]))
 def test_logprobs_are_the_raw_log_softmax_with_rank_and_top_n(seed, n, temp):
     logits = rows(seed, 2, 30)
