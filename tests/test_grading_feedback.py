@@ -230,6 +230,15 @@ def test_an_exception_in_the_learners_code_names_its_line():
                     msg), msg
 
 
+def test_an_exception_inside_a_property_names_its_line_too():
+    def roofline_zero(flops, nbytes, peak_flops, bandwidth):
+        t = flops / peak_flops
+        return t / 0
+    msg = verdict(check_lab00_3, roofline_zero)
+    assert re.match(r"your code raised ZeroDivisionError: float division by zero \(in roofline_zero, line \d+: "
+                    r"`return t / 0`\)\nSmallest failing example: roofline_zero\(flops=", msg), msg
+
+
 def test_an_exception_in_the_grader_says_so():
     msg = verdict(_direct_task(functools.partial(operator.truediv, 1)).check, lambda x: x)
     assert msg.startswith("the checker of t_1 itself failed (TypeError: ") and "bug in minillm's grader" in msg, msg

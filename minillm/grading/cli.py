@@ -50,15 +50,6 @@ def find_notebooks(path: Path) -> list[Path]:
     return found
 
 
-def graded_cells(nb) -> list:
-    cells = []
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
-            cells.append(cell)
-    return cells
-
-
 def _error(cell) -> dict | None:
     """The cell's first error output (nbformat's: ename, evalue, traceback), or None."""
     for out in cell.get("outputs", []):
