@@ -23,9 +23,10 @@ Feedback: the conventions a lab's grader follows (lab08 and later too)
   - The example is what the learner's code was called with, never the generator's knobs (seeds, sizes used to
     build the inputs): for a function answer `run_property` shows its last call in the failing example, by the
     learner's own argument names (the Watch records calls, rendered by `show`: tensors as dtype and shape); for a
-    class answer, the property's arguments (the operations that drove it: name them so they read as such); pass
-    `example=False` when the message already shows the case, or `example=callable` to render it yourself. Extra
-    calls of the answer made to explain a failure go inside `diagnose` or `with not_recorded():`.
+    class answer, the property's arguments (the operations that drove it: name them so they read as such). Pass
+    `example=False` to run_property when the message already shows the case, `example=callable` to render the
+    property's arguments yourself, or `fail(message, example=...)` the calls you logged (lab02). Extra calls of
+    the answer made to explain a failure go inside `diagnose` or `with not_recorded():`.
   - Hints are staged (`Hint(nudge, more, show)`), counted per task in the kernel session (`Task.check`): the first
     failure shows the nudge (the concept and where to look; no formula, no code), the second adds `more`, the
     third on adds the "Show me:" line with the formula. A pass starts the count again. A plain string hint is
