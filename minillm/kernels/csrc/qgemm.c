@@ -95,36 +95,67 @@ static inline __m256 dot_block(__m256i w0, __m256i w1, const int16_t *a) {
 }
 #endif
 
-/* One weight row against R (1..4) activation rows. */
+/* One weight row against R (1..4) activation rows. Groups outside, blocks inside: a group's scale is converted
+   once and no block index is divided by the group length. The minimum's term needs no work per block: it is
+   sum_g min_g * (sum of the activations in group g), and those group sums (`gs`, per activation row) are computed
+   once per call for all weight rows. Two accumulators per row (even and odd blocks) halve the FMA chain. */
 static void row_q4(const uint8_t *w, const uint16_t *sc, const uint16_t *mn, int64_t K, int64_t G,
-                   const int16_t *aq, const float *ad, const float *as, int64_t R, float *out) {
-    const int64_t nb = K / QB, per_group = G / QB;
+                   const int16_t *aq, const float *ad, const float *gs, int64_t R, float *out) {
+    const int64_t nb = K / QB, per_group = G / QB, ng = K / G;
 #if QG_AVX2
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float macc[4] = {0, 0, 0, 0};
-    const __m128i low = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        const float dw = half_to_float(sc[b / per_group]), mw = half_to_float(mn[b / per_group]);
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(w + b * (QB / 2)));
-        const __m256i w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low));                     /* elements 0..15 */
-        const __m256i w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low));  /* 16..31 */
-        for (int64_t r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ad[r * nb + b]), dot_block(w0, w1, aq + r * K + b * QB),
-                                     acc[r]);
-            macc[r] += mw * as[r * nb + b];
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    if (R == 1) {   /* batch 1, the decode case: accumulators in registers, no loop over rows */
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const __m256 dw = _mm256_set1_ps(half_to_float(sc[g]));
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+                const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + b * (QB / 2))));
+                const __m256 p = _mm256_mul_ps(dot_block(_mm256_and_si256(v, low), _mm256_srli_epi16(v, 4),
+                                                         aq + b * QB), _mm256_broadcast_ss(ad + b));
+                if (b & 1) a1 = _mm256_fmadd_ps(p, dw, a1); else a0 = _mm256_fmadd_ps(p, dw, a0);
+            }
+        }
+        acc[0][0] = a0;
+        acc[0][1] = a1;
+    } else
+    for (int64_t g = 0; g < ng; g++) {
+        const __m256 dw = _mm256_set1_ps(half_to_float(sc[g]));
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            /* bytes zero-extended to 16 bits: the low nibble is element i, the high nibble element i + 16 */
+            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + b * (QB / 2))));
+            const __m256i w0 = _mm256_and_si256(v, low), w1 = _mm256_srli_epi16(v, 4);
+            for (int64_t r = 0; r < R; r++) {
+                const __m256 p = _mm256_mul_ps(dot_block(w0, w1, aq + r * K + b * QB),
+                                               _mm256_broadcast_ss(ad + r * nb + b));
+                acc[r][b & 1] = _mm256_fmadd_ps(p, dw, acc[r][b & 1]);
+            }
         }
     }
-    for (int64_t r = 0; r < R; r++) out[r] = hsum8(acc[r]) + macc[r];
+    for (int64_t r = 0; r < R; r++) {
+        const float *gr = gs + r * ng;
+        __m256 m = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= ng; g += 8)
+            m = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + g))), _mm256_loadu_ps(gr + g), m);
+        float tail = 0.0f;
+        for (; g < ng; g++) tail += half_to_float(mn[g]) * gr[g];
+        out[r] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), m)) + tail;
+    }
 #else
     for (int64_t r = 0; r < R; r++) {
         float total = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-            const float dw = half_to_float(sc[b / per_group]), mw = half_to_float(mn[b / per_group]);
-            const uint8_t *wb = w + b * (QB / 2);
-            const int16_t *a = aq + r * K + b * QB;
-            int32_t dot = 0;
-            for (int i = 0; i < QB / 2; i++) dot += (wb[i] & 0x0F) * a[i] + (wb[i] >> 4) * a[i + QB / 2];
-            total += dw * ad[r * nb + b] * (float)dot + mw * as[r * nb + b];
+        for (int64_t g = 0; g < ng; g++) {
+            const float dw = half_to_float(sc[g]);
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+                const uint8_t *wb = w + b * (QB / 2);
+                const int16_t *a = aq + r * K + b * QB;
+                int32_t dot = 0;
+                for (int i = 0; i < QB / 2; i++) dot += (wb[i] & 0x0F) * a[i] + (wb[i] >> 4) * a[i + QB / 2];
+                total += dw * ad[r * nb + b] * (float)dot;
+            }
+            total += half_to_float(mn[g]) * gs[r * ng + g];
         }
         out[r] = total;
     }
@@ -133,27 +164,49 @@ static void row_q4(const uint8_t *w, const uint16_t *sc, const uint16_t *mn, int
 
 static void row_q8(const int8_t *w, const uint16_t *sc, int64_t K, int64_t G, const int16_t *aq, const float *ad,
                    int64_t R, float *out) {
-    const int64_t nb = K / QB, per_group = G / QB;
+    const int64_t nb = K / QB, per_group = G / QB, ng = K / G;
 #if QG_AVX2
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = 0; b < nb; b++) {
-        const float dw = half_to_float(sc[b / per_group]);
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB)));
-        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB + 16)));
-        for (int64_t r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ad[r * nb + b]), dot_block(w0, w1, aq + r * K + b * QB),
-                                     acc[r]);
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    if (R == 1) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const __m256 dw = _mm256_set1_ps(half_to_float(sc[g]));
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+                const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB)));
+                const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB + 16)));
+                const __m256 p = _mm256_mul_ps(dot_block(w0, w1, aq + b * QB), _mm256_broadcast_ss(ad + b));
+                if (b & 1) a1 = _mm256_fmadd_ps(p, dw, a1); else a0 = _mm256_fmadd_ps(p, dw, a0);
+            }
+        }
+        acc[0][0] = a0;
+        acc[0][1] = a1;
+    } else
+    for (int64_t g = 0; g < ng; g++) {
+        const __m256 dw = _mm256_set1_ps(half_to_float(sc[g]));
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB)));
+            const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + b * QB + 16)));
+            for (int64_t r = 0; r < R; r++) {
+                const __m256 p = _mm256_mul_ps(dot_block(w0, w1, aq + r * K + b * QB),
+                                               _mm256_broadcast_ss(ad + r * nb + b));
+                acc[r][b & 1] = _mm256_fmadd_ps(p, dw, acc[r][b & 1]);
+            }
+        }
     }
-    for (int64_t r = 0; r < R; r++) out[r] = hsum8(acc[r]);
+    for (int64_t r = 0; r < R; r++) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 #else
     for (int64_t r = 0; r < R; r++) {
         float total = 0.0f;
-        for (int64_t b = 0; b < nb; b++) {
-            const int8_t *wb = w + b * QB;
-            const int16_t *a = aq + r * K + b * QB;
-            int32_t dot = 0;
-            for (int i = 0; i < QB; i++) dot += wb[i] * a[i];
-            total += half_to_float(sc[b / per_group]) * ad[r * nb + b] * (float)dot;
+        for (int64_t g = 0; g < ng; g++) {
+            const float dw = half_to_float(sc[g]);
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+                const int8_t *wb = w + b * QB;
+                const int16_t *a = aq + r * K + b * QB;
+                int32_t dot = 0;
+                for (int i = 0; i < QB; i++) dot += wb[i] * a[i];
+                total += dw * ad[r * nb + b] * (float)dot;
+            }
         }
         out[r] = total;
     }
@@ -168,15 +221,23 @@ int minillm_qgemm_simd(void) { return QG_AVX2; }
 int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stride, const void *w,
                   const uint16_t *scales, const uint16_t *mins, int64_t N, int64_t G, float *y, int64_t y_stride,
                   int nthreads) {
-    const int64_t nb = K / QB, ng = K / G;
+    const int64_t nb = K / QB, ng = K / G, per_group = G / QB;
     int16_t *aq = malloc(sizeof(int16_t) * (size_t)(M * K));
     float *ad = malloc(sizeof(float) * (size_t)(M * nb)), *as = malloc(sizeof(float) * (size_t)(M * nb));
-    if (!aq || !ad || !as) {
-        free(aq); free(ad); free(as);
+    float *gs = malloc(sizeof(float) * (size_t)(M * ng));
+    if (!aq || !ad || !as || !gs) {
+        free(aq); free(ad); free(as); free(gs);
         return -1;
     }
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M * K >= 65536)
-    for (int64_t m = 0; m < M; m++) quantize_row(x + m * x_stride, K, aq + m * K, ad + m * nb, as + m * nb);
+    for (int64_t m = 0; m < M; m++) {
+        quantize_row(x + m * x_stride, K, aq + m * K, ad + m * nb, as + m * nb);
+        for (int64_t g = 0; g < ng; g++) {   /* what int4's minimums multiply: the group's activation sum */
+            float t = 0.0f;
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) t += as[m * nb + b];
+            gs[m * ng + g] = t;
+        }
+    }
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t n = 0; n < N; n++) {
@@ -185,12 +246,12 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
             const int64_t R = M - m0 < 4 ? M - m0 : 4;
             if (kind == 1)
                 row_q4((const uint8_t *)w + n * (K / 2), scales + n * ng, mins + n * ng, K, G, aq + m0 * K,
-                       ad + m0 * nb, as + m0 * nb, R, out);
+                       ad + m0 * nb, gs + m0 * ng, R, out);
             else
                 row_q8((const int8_t *)w + n * K, scales + n * ng, K, G, aq + m0 * K, ad + m0 * nb, R, out);
             for (int64_t r = 0; r < R; r++) y[(m0 + r) * y_stride + n] = out[r];
         }
     }
-    free(aq); free(ad); free(as);
+    free(aq); free(ad); free(as); free(gs);
     return 0;
 }
