@@ -104,7 +104,9 @@ class RotaryEmbedding(nn.Module):
         """cos/sin of shape [T, head_dim] in fp32 for the given positions: the tokens of sequence i are the next
         query_lens[i] positions, and it holds seq_lens[i] tokens after this step (None: the batch is one sequence
         as long as its furthest position). Dynamic scaling takes each sequence's own length, as Hugging Face does for
-        a batch of one: a sequence's numbers never depend on what else is in the batch."""
+        a batch of one: a sequence's numbers never depend on what else is in the batch. Cached keys keep the scaling
+        of the step that wrote them (as in transformers' generate), so past the trained length a prompt prefilled in
+        chunks, or recomputed after a preemption, gets other numbers than one pass would give it."""
         need = int(positions.max()) + 1 if positions.numel() else 1
         if self.rope_type == "dynamic":
             if query_lens is None or seq_lens is None:
