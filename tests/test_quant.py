@@ -91,6 +91,8 @@ def test_quantized_weights_against_gguf_py_quantizer():
 @example(n=1, k_blocks=1, m=1, group_blocks=1, kind="int4", bf16=False, seed=0)
 @example(n=5, k_blocks=4, m=5, group_blocks=4, kind="int4", bf16=False, seed=1)    # a partial 4-row pass
 @example(n=3, k_blocks=2, m=64, group_blocks=2, kind="int8", bf16=True, seed=2)
+@example(n=9, k_blocks=3, m=15, group_blocks=1, kind="int4", bf16=False, seed=3)   # the kernel's largest batch
+@example(n=9, k_blocks=3, m=16, group_blocks=1, kind="int8", bf16=False, seed=4)   # the first dequantized one
 def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blocks, kind, bf16, seed):
     k = 32 * k_blocks * group_blocks
     spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, 32 * group_blocks)
@@ -107,6 +109,14 @@ def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blo
     assert y.dtype == x.dtype and y.shape == (m, n)
     err = (y.float() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-6)
     assert float(err.max()) < (1e-2 if bf16 else KERNEL_RTOL)   # bf16 output rounding: 2^-8 relative
+
+
+@pytest.mark.parametrize("spec", [QuantSpec("int4", 64), QuantSpec("int8"), QuantSpec("int8", 32)])
+def test_c_dequantize_equals_the_formula(spec):
+    if cpu_qgemm.load("c") is None:
+        pytest.skip("no C compiler")
+    qw = quantize(_rand(33, 128, 8), spec)
+    assert torch.allclose(cpu_qgemm.dequantize(qw), qw.dequantize(), rtol=1e-6, atol=1e-7)
 
 
 def test_kernel_accumulates_what_the_activation_codes_say():

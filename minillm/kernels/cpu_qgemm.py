@@ -1,8 +1,10 @@
 """Call the C quantized linear kernel (csrc/qgemm.c), built on first use like the attention kernel.
 
-`qlinear(x, qw)` is the one entry point the layers use: the C kernel on CPU when it is built, otherwise (no
-compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul. The two differ by
-the kernel's dynamic int16 activations (per block of 32): tests/test_quant.py states the tolerance.
+`qlinear(x, qw)` is the one entry point the layers use. On CPU with the kernel built: up to DEQUANT_MIN_ROWS - 1
+activation rows (decode) the integer kernel on the packed weights; from there on (prefill, big batches) W expanded
+to float by a C loop, then the float GEMM. Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the
+reference: dequantize, then a float matmul. The kernel differs from the reference by its dynamic int16 activations
+(per block of 32): tests/test_quant.py states the tolerance.
 MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs).
 """
 from __future__ import annotations
@@ -45,6 +47,8 @@ def load(variant: str = "c") -> ctypes.CDLL | None:
     lib.minillm_qgemm.argtypes = _ARGTYPES
     lib.minillm_qgemm.restype = ctypes.c_int
     lib.minillm_qgemm_simd.restype = ctypes.c_int
+    lib.minillm_dequant.argtypes = [ctypes.c_int, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int]
+    lib.minillm_dequant.restype = None
     return lib
 
 
@@ -58,6 +62,25 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     return F.linear(x, qw.dequantize(x.dtype))
 
 
+# From this many activation rows on, expanding W to float once and calling the float GEMM (oneDNN/MKL) is faster
+# than the integer dot products, which redo the widening of every weight for each group of four rows (timed on
+# SmolLM2's layer shapes, 1 thread, AVX2, 2026-11-25: the kernel wins up to ~8-16 rows, the float GEMM from ~32).
+DEQUANT_MIN_ROWS = 16
+
+
+def dequantize(qw: QuantizedWeight) -> torch.Tensor:
+    """The float32 matrix, by the C loop when it is built (the torch version unpacks through several temporaries)."""
+    lib = _kernel()
+    if lib is None or qw.qweight.device.type != "cpu":
+        return qw.dequantize()
+    n, k = qw.shape
+    out = torch.empty(n, k, dtype=torch.float32)
+    mins = qw.mins.data_ptr() if qw.mins is not None else None
+    lib.minillm_dequant(KIND[qw.kind], qw.qweight.data_ptr(), qw.scales.data_ptr(), mins, n, k, qw.group_size,
+                        out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def qlinear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """x [..., K] (float32/bf16/fp16) times the quantized [N, K] matrix -> [..., N] in x's dtype."""
     lib = _kernel() if x.device.type == "cpu" else None
@@ -66,6 +89,8 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     n, k = qw.shape
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
+    if x.numel() // k >= DEQUANT_MIN_ROWS:
+        return F.linear(x, dequantize(qw).to(x.dtype))
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:

@@ -255,3 +255,32 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
     free(aq); free(ad); free(as); free(gs);
     return 0;
 }
+
+/* The float matrix back (for many activation rows, where a float GEMM beats the integer dot products): w[N, K]
+   float32 = scale * q (+ minimum), row-major. Plain loops; the compiler vectorizes them. */
+void minillm_dequant(int kind, const void *w, const uint16_t *scales, const uint16_t *mins, int64_t N, int64_t K,
+                     int64_t G, float *out, int nthreads) {
+    const int64_t ng = K / G;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t n = 0; n < N; n++) {
+        float *o = out + n * K;
+        for (int64_t g = 0; g < ng; g++) {
+            const float d = half_to_float(scales[n * ng + g]);
+            if (kind == 1) {
+                const float m = half_to_float(mins[n * ng + g]);
+                const uint8_t *q = (const uint8_t *)w + n * (K / 2) + g * (G / 2);
+                for (int64_t b = 0; b < G / QB; b++) {
+                    const uint8_t *qb = q + b * (QB / 2);
+                    float *ob = o + g * G + b * QB;
+                    for (int i = 0; i < QB / 2; i++) {
+                        ob[i] = d * (float)(qb[i] & 0x0F) + m;
+                        ob[i + QB / 2] = d * (float)(qb[i] >> 4) + m;
+                    }
+                }
+            } else {
+                const int8_t *q = (const int8_t *)w + n * K + g * G;
+                for (int64_t i = 0; i < G; i++) o[g * G + i] = d * (float)q[i];
+            }
+        }
+    }
+}
