@@ -348,6 +348,50 @@ def test_n_samples_fork_and_copy_on_write():
     assert copies >= 2, "each child's first write into the shared partial block must be copy-on-write"
 
 
+def check_seeded_requests(reqs, block_size, budget, spare_blocks, prefix) -> Counter:
+    """reqs: (prompt, max_tokens, sampling settings, seed, n). Every sample of every request gives sampled_reference's
+    tokens for its seed (seed + k for the k-th of n), however the engine batched, chunked, preempted and
+    recomputed it; returns what the run exercised (watch())."""
+    requests = [(p, SamplingParams(max_tokens=m, seed=seed, n=n, ignore_eos=True, **kw)) for p, m, kw, seed, n in reqs]
+    longest = max(len(p) + params.max_tokens for p, params in requests)
+    engine = LLMEngine.from_model(MODEL, num_blocks=-(-longest // block_size) + spare_blocks, block_size=block_size,
+                                  max_num_batched_tokens=budget, enable_prefix_caching=prefix, max_num_seqs=4)
+    seen = watch(engine)
+    for i, (p, params) in enumerate(requests):
+        engine.add_request(p, params, request_id=str(i))
+    outs = finish_all(engine)
+    for i, (p, params) in enumerate(requests):
+        for k, c in enumerate(outs[str(i)].outputs):
+            own = SamplingParams(max_tokens=params.max_tokens, seed=params.seed + k, ignore_eos=True,
+                                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                 min_p=params.min_p)
+            assert c.token_ids == sampled_reference(MODEL, p, own), (i, k)
+    return seen
+
+
+# two requests sharing a prefix, one with n = 2, in a pool that preempts them: recompute across the prompt's end
+SEEDED_UNDER_PRESSURE = dict(reqs=[([5, 6, 7, 8, 9, 10], 8, dict(temperature=1.0), 1, 2),
+                                   ([5, 6, 7, 8, 13], 8, dict(temperature=0.8, top_p=0.9), 2, 1)],
+                             block_size=2, budget=6, spare_blocks=0, prefix=True)
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9), dict(temperature=1.2, top_k=5, min_p=0.05)]
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@example(**SEEDED_UNDER_PRESSURE)
+@example(reqs=[([5], 1, SETTINGS[2], 0, 3)], block_size=1, budget=1, spare_blocks=0, prefix=False)   # one token
+@given(reqs=st.lists(st.tuples(st.lists(tokens, min_size=1, max_size=20), st.integers(1, 10), st.sampled_from(SETTINGS),
+                               st.integers(0, 1000), st.sampled_from([1, 1, 2])), min_size=1, max_size=4),
+       block_size=st.sampled_from([1, 2, 4]), budget=st.integers(1, 16), spare_blocks=st.integers(0, 3),
+       prefix=st.booleans())
+def test_seeded_requests_equal_the_definition_under_memory_pressure(reqs, block_size, budget, spare_blocks, prefix):
+    check_seeded_requests(reqs, block_size, budget, spare_blocks, prefix)
+
+
+def test_the_seeded_example_under_pressure_preempts_and_recomputes():
+    seen = check_seeded_requests(**SEEDED_UNDER_PRESSURE)
+    assert seen["preemption"] and seen["prefix_hit"] and seen["recompute_across_prompt_end_sampled"], seen
+
+
 def test_abort_frees_everything_and_unknown_is_noop():
     engine = LLMEngine.from_model(MODEL, num_blocks=30, block_size=4)
     a = engine.add_request(list(range(3, 30)), SamplingParams(max_tokens=50, ignore_eos=True))
