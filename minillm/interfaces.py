@@ -298,6 +298,14 @@ class TensorParallelRules(Protocol):
                     comm: Any) -> "torch.Tensor": ...
 
 
+class Quantizer(Protocol):
+    """lab08: float weight [N, K] + spec -> minillm.quant.formats.QuantizedWeight (int8 codes with float16 scales
+    per output channel or group, or int4 codes packed two per byte with float16 scales and minimums per group).
+    Plugged with LlamaModel.quantize_(..., quantizer=); the engine's kernels then run the learner's weights."""
+
+    def __call__(self, weight: "torch.Tensor", spec: Any) -> Any: ...
+
+
 class StepObserver(Protocol):
     def __call__(self, info: Any) -> None:
         """Called at the end of every engine step with its StepInfo."""

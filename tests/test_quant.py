@@ -316,3 +316,15 @@ def test_bench_quality_cli_json(tiny_model_dir, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["quantization"] for r in rows] == ["none", "int4"] and rows[1]["formats"].startswith("int4 g32")
     assert main(["bench", "quality", "--windows", "0"]) == 2
+
+
+def test_a_plugged_quantizer_runs_and_its_result_is_checked():
+    calls = []
+
+    def mine(weight, spec):
+        calls.append(tuple(weight.shape))
+        return quantize(weight, spec)
+    model = _tiny(4).quantize_(QuantSpec("int4", 32), None, quantizer=mine)
+    assert len(calls) == 2 * 4 and all(m.quant is not None for n, m in model.quantizable() if "layers." in n)
+    with pytest.raises(TypeError, match="must return a minillm.quant.formats.QuantizedWeight, got Tensor"):
+        _tiny(4).quantize_(QuantSpec("int8"), None, quantizer=lambda w, s: w)

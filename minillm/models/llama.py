@@ -196,9 +196,12 @@ class LlamaModel(nn.Module):
         """(name, module) of every layer that can hold a quantized weight: the linear layers, embedding, LM head."""
         return [(n, m) for n, m in self.named_modules() if isinstance(m, Quantizable)]
 
-    def quantize_(self, linear: QuantSpec | None, head: QuantSpec | None = None, only=None) -> "LlamaModel":
-        """Round-to-nearest quantize, in place, every float linear layer to `linear` and the embedding / LM head to
-        `head` (None leaves them as they are). `only(name)` restricts which layers (default: all)."""
+    def quantize_(self, linear: QuantSpec | None, head: QuantSpec | None = None, only=None,
+                  quantizer=None) -> "LlamaModel":
+        """Quantize, in place, every float linear layer to `linear` and the embedding / LM head to `head` (None leaves
+        them as they are). `only(name)` restricts which layers (default: all). `quantizer(weight, spec)` ->
+        QuantizedWeight is the method (default: round to nearest, minillm.quant.formats.quantize); a learner's
+        quantizer plugs in here (interfaces.Quantizer), and its weights then run through minillm's kernels."""
         if self.comm.world_size > 1 and any(
                 getattr(m, "rules", MEGATRON) is not MEGATRON for _, m in self.quantizable()):
             raise ValueError("quantized layers run minillm's own tensor-parallel rules; tp_rules cannot be combined "
@@ -207,7 +210,7 @@ class LlamaModel(nn.Module):
             spec = head if isinstance(m, VocabParallelEmbedding) else linear
             if spec is None or m.quant is not None or (only is not None and not only(name)):
                 continue
-            m.quantize_(spec)
+            m.quantize_(spec, quantizer)
         self.__dict__.pop("_lm_head_packed", None)
         return self
 

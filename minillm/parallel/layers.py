@@ -109,9 +109,14 @@ class Quantizable:
             if t is not None:
                 self.register_buffer(name, t)
 
-    def quantize_(self, spec: QuantSpec) -> None:
-        """Round-to-nearest quantize this layer's float weight in place."""
-        self.set_quantized(quantize(self.weight, spec))
+    def quantize_(self, spec: QuantSpec, quantizer=None) -> None:
+        """Quantize this layer's float weight in place (`quantizer(weight, spec)`, default round to nearest). The
+        result is checked: a quantizer must return a QuantizedWeight of this layer's shape."""
+        qw = (quantizer or quantize)(self.weight, spec)
+        if not isinstance(qw, QuantizedWeight):
+            raise TypeError(f"a quantizer must return a minillm.quant.formats.QuantizedWeight, got "
+                            f"{type(qw).__name__}")
+        self.set_quantized(qw)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """x times this rank's matrix (transposed); no communication, no bias."""
