@@ -326,5 +326,5 @@ def test_a_plugged_quantizer_runs_and_its_result_is_checked():
         return quantize(weight, spec)
     model = _tiny(4).quantize_(QuantSpec("int4", 32), None, quantizer=mine)
     assert len(calls) == 2 * 4 and all(m.quant is not None for n, m in model.quantizable() if "layers." in n)
-    with pytest.raises(TypeError, match="must return a minillm.quant.formats.QuantizedWeight, got Tensor"):
+    with pytest.raises(TypeError, match="must return a minillm.quant.formats.QuantizedWeight, got Parameter"):
         _tiny(4).quantize_(QuantSpec("int8"), None, quantizer=lambda w, s: w)
