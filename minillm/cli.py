@@ -20,9 +20,10 @@ def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = Fa
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_engine_args(p, skip=("quantization",) if several_quantizations else ())
     if several_quantizations:
-        p.add_argument("--quantization", nargs="+", default=None, choices=QUANTIZATIONS,
-                       help="weight format (default: auto, the checkpoint's own); bench decode compares several in "
-                            "one run, e.g. --quantization auto int8 none")
+        p.add_argument("--quantization", nargs="+", default=None, choices=(*QUANTIZATIONS, "int4-gptq"),
+                       help="weight format (default: auto, the checkpoint's own); bench decode and quality compare "
+                            "several in one run, e.g. --quantization auto int8 none; quality also takes int4-gptq "
+                            "(int4 calibrated by GPTQ, groups of --quantization-group-size)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -252,6 +253,8 @@ def cmd_bench(args) -> int:
     _check_bench_flags(args)
     if args.what == "quality":
         return _bench_quality(args)
+    if "int4-gptq" in (args.quantization or []):
+        raise ValueError("int4-gptq (calibrated at load) is measured by bench quality only")
     quantizations = args.quantization or [EngineConfig().quantization]
     if len(quantizations) > 1 and args.what != "decode":
         raise ValueError(f"bench {args.what} takes one --quantization (bench decode and quality compare several)")

@@ -399,7 +399,9 @@ def test_quantized_tensor_parallel_equals_quantized_one_process(tiny_dir):
     import copy
     from minillm.quant.formats import QuantSpec
     model, path = tiny_dir
-    single = LLMEngine.from_model(copy.deepcopy(model).quantize_(QuantSpec("int4", 32), QuantSpec("int8")))
+    twin = random_model(seed=3, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=302, tie=False)  # = tiny_dir's
+    assert torch.equal(twin.layers[0].mlp.down_proj.weight, model.layers[0].mlp.down_proj.weight)
+    single = LLMEngine.from_model(twin.quantize_(QuantSpec("int4", 32), QuantSpec("int8")))
     requests = [([5, 9, 33, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
                 (list(range(40, 70)), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))]
     with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", quantization="int4") as llm:

@@ -4,7 +4,8 @@ Text: the Python reference topics that ship with CPython (`pydoc_data.topics`, ~
 download). The first CALIBRATION_CHARS characters are the calibration slice (for methods that calibrate); the
 evaluation windows are cut from the held-out rest, so the two never overlap.
 
-For each --quantization setting: perplexity over the windows (teacher-forced, every position scored), and how
+For each --quantization setting (plus `int4-gptq`: int4 chosen by GPTQ on 16 calibration windows, at
+--quantization-group-size like `int4`): perplexity over the windows (teacher-forced, every position scored), and how
 often the top-1 next token equals the reference's (the first setting, `none` by default) on the same positions.
 Note for the default model: its block weights were Q4_1 in the file, so `none` is the dequantized Q4_1 model and
 requantizing to int4 g32 lands on nearly the same grid; coarser formats (int4 with large groups) show the loss.
@@ -30,9 +31,14 @@ def calibration_text() -> str:
     return corpus()[:CALIBRATION_CHARS]
 
 
-def eval_windows(tokenizer, num_windows: int, window: int) -> list[list[int]]:
-    """`num_windows` token windows of `window` tokens from the held-out part of the corpus."""
-    ids = tokenizer.encode(corpus()[CALIBRATION_CHARS:])
+CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (quant/gptq.py)
+
+
+def eval_windows(tokenizer, num_windows: int, window: int, calibration: bool = False) -> list[list[int]]:
+    """`num_windows` token windows of `window` tokens from the held-out part of the corpus (or, with `calibration`,
+    from the calibration slice: the two never overlap)."""
+    text = corpus()
+    ids = tokenizer.encode(text[:CALIBRATION_CHARS] if calibration else text[CALIBRATION_CHARS:])
     stride = max(window, (len(ids) - window) // max(1, num_windows))
     out = [ids[i:i + window] for i in range(0, len(ids) - window + 1, stride)][:num_windows]
     if len(out) < num_windows:
@@ -63,7 +69,7 @@ class QualityRow:
 
 
 def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int = 32, num_windows: int = 8,
-                      window: int = 256, progress=None) -> list[QualityRow]:
+                      window: int = 256, progress=None, calibration_windows: int = 16) -> list[QualityRow]:
     from minillm.loading.loader import load_model
     from minillm.quant.policy import describe
     rows: list[QualityRow] = []
@@ -73,8 +79,13 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
         t0 = time.perf_counter()
         if progress:
             progress(f"quality: loading with quantization={q}")
-        loaded = load_model(model_spec, "float32", quantization=q, group_size=group_size)
+        loaded = load_model(model_spec, "float32", quantization="none" if q in CALIBRATED else q,
+                            group_size=group_size)
         model = loaded.model
+        if q == "int4-gptq":
+            from minillm.quant.gptq import gptq_quantize_model
+            calib = eval_windows(loaded.tokenizer, calibration_windows, window, calibration=True)
+            gptq_quantize_model(model, group_size, calib, progress=progress)
         if windows is None:
             windows = eval_windows(loaded.tokenizer, num_windows, window)
         nll, count, top1 = 0.0, 0, []
