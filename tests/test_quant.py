@@ -371,3 +371,34 @@ def test_gptq_model_and_bench_quality_row(tiny_model_dir):
     rows = run_quality_bench(str(tiny_model_dir), ["none", "int4-gptq"], group_size=32, num_windows=1, window=64,
                              calibration_windows=2)
     assert rows[1].formats.startswith("int4 g32") and rows[1].perplexity > 0
+
+
+def test_auto_requantizes_what_a_checkpoint_stored_in_a_type_without_a_direct_mapping():
+    """What `auto` does after loading: layers the checkpoint held as K-quants / Q5 (loaded as float because no
+    direct mapping exists) are quantized again, <= 5 bits to int4 g32, more to int8 g32; float layers stay float."""
+    from minillm.quant.policy import apply_quantization, describe
+    model = _tiny(5)
+    model.checkpoint_types = {"layers.0.self_attn.qkv_proj.weight": "Q4_K", "layers.0.mlp.down_proj.weight": "Q5_0",
+                              "layers.1.mlp.gate_up_proj.weight": "Q6_K", "lm_head.weight": "Q8_K"}
+    apply_quantization(model, "auto")
+    kinds = {n: (m.quant.kind, m.quant.group_size) if m.quant is not None else None for n, m in model.quantizable()}
+    assert kinds["layers.0.self_attn.qkv_proj"] == ("int4", 32) and kinds["layers.0.mlp.down_proj"] == ("int4", 32)
+    assert kinds["layers.1.mlp.gate_up_proj"] == ("int8", 32) and kinds["lm_head"] == ("int8", 32)
+    assert kinds["layers.0.self_attn.o_proj"] is None and kinds["embed_tokens"] is None
+    assert describe(model) == "float x6, int4 g32 x2, int8 g32 x2"
+
+
+def test_fused_parts_in_different_formats_fall_back_to_float():
+    from minillm.models.llama import _fuse
+    a, b = quantize(_rand(4, 64, 11), QuantSpec("int4", 32)), quantize(_rand(2, 64, 12), QuantSpec("int8", 32))
+    fused = _fuse([a, b])
+    assert isinstance(fused, torch.Tensor) and torch.equal(fused, torch.cat([a.dequantize(), b.dequantize()]))
+    same = _fuse([a, quantize(_rand(2, 64, 13), QuantSpec("int4", 32))])
+    assert isinstance(same, QuantizedWeight) and same.shape == (6, 64)
+
+
+def test_a_layer_the_kernel_cannot_take_is_refused_with_the_reason():
+    from minillm.testing import random_model
+    model = random_model(6, heads=4, kv_heads=2, head_dim=10)     # hidden 40: not a multiple of 32
+    with pytest.raises(ValueError, match="does not divide the input dimension 40"):
+        model.quantize_(QuantSpec("int4", 32), None)
