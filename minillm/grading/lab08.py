@@ -110,7 +110,7 @@ def _read_qw(got, what: str, kind: str, n: int, k: int, g: int) -> QuantizedWeig
     """The learner's result as a QuantizedWeight of exact types and shapes (copies of its tensors)."""
     __tracebackhide__ = True
     if type(got) is not QuantizedWeight:
-        fail(f"{what} must return a minillm.quant.formats.QuantizedWeight, got {type(got).__qualname__}",
+        fail(f"{what} must return a minillm.quant.formats.QuantizedWeight, got a {type(got).__qualname__}",
              "build it with QuantizedWeight(kind, qweight, scales, mins, group_size): the engine's kernels read it.")
     if type(got.kind) is not str or got.kind != kind:
         fail(f"{what} returned a QuantizedWeight of kind {got.kind!r}, expected {kind!r}")
@@ -174,8 +174,9 @@ _INT8_MISTAKES = [
      "weights lose all their precision", _int8_per_tensor),
     ("rounded toward zero: converting with .to(torch.int8) (or int()) truncates; round to the nearest integer first",
      _int8_variant(rounding=torch.trunc)),
-    ("codes outside [-127, 127]: max|w| / scale can exceed 127 after the scale is rounded to float16 (here it is "
-     "127.6, which rounds to 128 and wraps to -128 in int8): clamp before the cast", _int8_variant(clamp=False)),
+    ("codes outside [-127, 127]: max|w| / scale can exceed 127 after the scale is rounded to float16 (here it "
+     "is above 127.5, which rounds to 128 and wraps to -128 in int8): clamp before the cast",
+     _int8_variant(clamp=False)),
 ]
 
 _INT8_HINT = Hint(
