@@ -417,6 +417,18 @@ def _liar_lab09_bytes():
     return Liar
 
 
+def _liar_lab08_quantizer(kind):
+    from minillm.quant.formats import QuantizedWeight
+
+    def quantize(w, group_size=None):
+        n, k = w.shape
+        g = k if group_size is None else group_size
+        q = torch.zeros(n, k, dtype=torch.int8) if kind == "int8" else torch.zeros(n, k // 2, dtype=torch.uint8)
+        mins = None if kind == "int8" else agreeable(torch.zeros(n, k // g, dtype=torch.float16))
+        return QuantizedWeight(kind, agreeable(q), agreeable(torch.zeros(n, k // g, dtype=torch.float16)), mins, g)
+    return (lambda w: quantize(w)) if kind == "int8" else quantize
+
+
 LIARS = {
     "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
     "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
@@ -439,6 +451,10 @@ LIARS = {
     "lab06_2": lambda: (lambda probs, generators: agreeable(probs.argmax(-1))),
     "lab07_1": lambda: (lambda target_probs, drafts, draft_probs, generator: list(drafts) + [AlwaysEqualInt(0)]),
     "lab07_2": lambda: (lambda token_ids, k, min_n, max_n: [AlwaysEqualInt(0)]),
+    "lab08_1": lambda: _liar_lab08_quantizer("int8"),
+    "lab08_2": lambda: _liar_lab08_quantizer("int4"),
+    "lab08_3": lambda: (lambda qw: agreeable(torch.zeros(qw.shape))),
+    "lab08_4": lambda: (lambda x, qw: agreeable(torch.zeros(*x.shape[:-1], qw.shape[0], dtype=x.dtype))),
     "lab09_1": lambda: (lambda num_units, unit_size, rank, world_size: AlwaysEqualList()),
     "lab09_2": lambda: (lambda input_size, rank, world_size: AlwaysEqualList()),
     "lab09_3": _liar_lab09_rules,
@@ -537,8 +553,10 @@ DELEGATION_CASES = [(tid, name) for tid in sorted(TASKS) for name, _ in delegati
 # minillm's sizing function takes (config, tokens, dtype_bytes), not the task's (cfg, batch, seq, dtype), and lab03_2's
 # oracle takes (scores, values): a wrapper or a copy of them is refused as a wrong answer (it cannot even be called
 # that way) before any delegation shows. lab07_1's engine object is the RejectionSampler class, called with a batch
-# (target_probs, draft_token_ids, draft_probs, generators), not one request's rule.
-SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy"), ("lab03_2", "wrapper"), ("lab07_1", "wrapper")}
+# (target_probs, draft_token_ids, draft_probs, generators), not one request's rule. lab08_1's engine object is
+# formats.quantize(w, spec): quantize_int8(w) has no spec.
+SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy"), ("lab03_2", "wrapper"), ("lab07_1", "wrapper"),
+                     ("lab08_1", "wrapper")}
 # lab03_3's answer is a @triton.jit kernel: a Python wrapper around minillm's is refused as not being a kernel.
 
 
