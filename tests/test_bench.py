@@ -80,13 +80,10 @@ def test_bench_throughput_cli_small(tmp_path):
 
 @pytest.mark.slow
 def test_bench_decode_and_prefix_cli():
-    out = bench("decode", "--prefill-lens", "32", "--steps", "8", "--quantization", "auto", "none")
-    auto, none = out["runs"]
-    assert out["llama_cpp"] is None and auto["quantization"].startswith("auto: int4 g32")
-    for d in (auto, none):
-        assert d["bound_ms_per_token"] > 0
-        assert d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
-    assert auto["weight_bytes_per_token"] <= 0.2 * none["weight_bytes_per_token"]
+    out = bench("decode", "--prefill-lens", "16", "--steps", "4")
+    (d,) = out["runs"]           # one run per --quantization; the default is auto (test_quant compares formats)
+    assert out["llama_cpp"] is None and d["quantization"].startswith("auto: int4 g32")
+    assert d["bound_ms_per_token"] > 0 and d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
     p = bench("prefix", "--repeat", "1")
     assert p["system_prompt_hit_rate"] > 0 and p["multi_turn_hit_rate"] > 0
 

@@ -187,7 +187,7 @@ def test_sampling_params_construct_or_one_clear_error(kw):
 
 @pytest.mark.slow
 @given(kw=sampling_kwargs())
-@fuzz(1500)
+@fuzz(600)
 def test_sampling_params_construct_or_one_clear_error_more(kw):
     check_sampling_params(kw)
 
@@ -281,7 +281,7 @@ def test_valid_params_run_in_the_engine_without_hurting_the_batch(engine_case, k
 @given(kw=sampling_kwargs(values=lambda name: st.sampled_from(VALID[name])).filter(lambda kw: not violations(kw)),
        mutation=st.none() | st.tuples(st.sampled_from(MUTABLE), st.sampled_from(EDGE)),
        prompt=st.sampled_from(["abc", "é中 ab", [1, 2, 3, 4, 5, 6, 7, 8, 9]]))
-@fuzz(80)
+@fuzz(40)
 def test_valid_params_run_in_the_engine_without_hurting_the_batch_more(engine_case, kw, mutation, prompt):
     check_params_in_engine(engine_case, kw, mutation, prompt)
 
@@ -351,7 +351,7 @@ def test_any_prompt_gives_a_result_or_one_clear_error_and_the_llm_stays_usable(l
 
 @pytest.mark.slow
 @given(prompts=st.lists(PROMPT, min_size=1, max_size=4), chat=st.booleans())
-@fuzz(120)
+@fuzz(60)
 def test_any_prompt_gives_a_result_or_one_clear_error_and_the_llm_stays_usable_more(llm_case, prompts, chat):
     check_prompts(llm_case, prompts, chat)
 
@@ -458,7 +458,7 @@ def test_bad_settings_are_one_clear_error_before_the_model_loads(tiny_dir, setti
 @pytest.mark.slow
 @given(settings_=st.dictionaries(st.sampled_from(setting_names()), st.sampled_from(SETTING_VALUES), min_size=1,
                                  max_size=4))
-@fuzz(1500)
+@fuzz(600)
 def test_bad_settings_are_one_clear_error_before_the_model_loads_more(tiny_dir, settings_):
     check_setting(tiny_dir, settings_)
 
@@ -545,7 +545,7 @@ def test_settings_that_pass_validation_run(tiny_dir, x_reference, settings_):
 
 @pytest.mark.slow
 @given(settings_=st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in RUNNABLE.items()}))
-@fuzz(40)
+@fuzz(20)
 def test_settings_that_pass_validation_run_more(tiny_dir, x_reference, settings_):
     check_runnable_settings(tiny_dir, x_reference, settings_)
 
@@ -802,6 +802,6 @@ def test_cli_flags_end_in_success_or_one_error_line(cli_home, tiny_dir, argv):
 
 @pytest.mark.slow
 @given(argv=cli_argv())
-@fuzz(120)
+@fuzz(60)
 def test_cli_flags_end_in_success_or_one_error_line_more(cli_home, tiny_dir_long, argv):
     check_cli(cli_home, tiny_dir_long, argv, stop_heavy=False)

