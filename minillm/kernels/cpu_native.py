@@ -46,28 +46,29 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
-def build(compiler: str | None = None, out_dir: Path | None = None, source: Path = SOURCE,
+def build(compiler: str | None = None, out_dir: Path | None = None, source: Path | tuple[Path, ...] = SOURCE,
           extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile a C file beside this module (the attention kernel by default) into a shared library, or reuse the
-    cached build. Raises RuntimeError with the compiler's message."""
+    """Compile C files beside this module (the attention kernel by default; several files link into one library)
+    into a shared library, or reuse the cached build. Raises RuntimeError with the compiler's message."""
     cc = compiler or os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler {cc!r} on PATH (install gcc, or set CC)")
+    sources = (source,) if isinstance(source, Path) else tuple(source)
     flags = (*FLAGS, *extra_flags)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), " ".join(flags), version, _cpu_signature(),
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in sources), " ".join(flags), version, _cpu_signature(),
                                     platform.machine()]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    target = out_dir / f"{source.stem}-{key}.so"
+    target = out_dir / f"{sources[0].stem}-{key}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)  # build beside the target, then rename: atomic
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, "-o", tmp, str(source)], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags, "-o", tmp, *map(str, sources)], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"compiling {source.name} failed:\n{done.stderr.strip()}")
+            raise RuntimeError(f"compiling {', '.join(s.name for s in sources)} failed:\n{done.stderr.strip()}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -114,6 +114,11 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed), or for a pipeline stage
         that is not the last, its layers' output (`hidden` is the previous stage's, for a stage that is not the
         first)."""
+        if hidden is None and input_ids.device.type == "cpu":
+            from minillm.kernels.cpu_decode import try_forward
+            fused = try_forward(self, input_ids, positions, ctx)   # a decode step in one C call, where it applies
+            if fused is not None:
+                return fused
         ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = self.embed_tokens(input_ids) if hidden is None else hidden
         for layer in self.layers:
