@@ -18,7 +18,7 @@ from minillm.kernels import cpu_decode, cpu_native
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, CpuAttentionBackend, TorchAttentionBackend
 from minillm.models.llama import ForwardContext
-from minillm.quant.formats import QuantSpec, quantize
+from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 from minillm.testing import random_model
 
 pytestmark = pytest.mark.skipif(cpu_decode.load() is None or cpu_native.load() is None, reason="needs a C compiler")
@@ -194,3 +194,35 @@ def test_engine_greedy_tokens_fused_and_layers_agree(monkeypatch):
         assert engine.block_manager.num_free_blocks == 24
         return [out[k] for k in sorted(out)]
     assert run("fused") == run("layers")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales.float(), q.mins, q.group_size), "scales must be float16"),
+    (lambda q: QuantizedWeight(q.kind, q.qweight.to(torch.int8), q.scales, q.mins, q.group_size), "uint8"),
+    (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales, None, q.group_size), "mins must be float16"),
+    (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales[:, :1], q.mins[:, :1], 64), "scales must be float16 of shape"),
+    (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales, q.mins, 48), "multiple of 32"),
+    (lambda q: QuantizedWeight("int3", q.qweight, q.scales, q.mins, 32), "unknown quantized kind"),
+])
+def test_a_quantized_weight_the_kernels_would_misread_is_refused(make, message):
+    """The kernels take raw pointers: a float32 scale read as float16 would be silently wrong math. A plugged
+    quantizer's result is checked before any layer holds it."""
+    model = _model(9)
+    layer = model.layers[0].mlp.down_proj
+    before = layer.quant
+    with pytest.raises(ValueError, match=message):
+        layer.set_quantized(make(quantize(torch.randn(before.shape), QuantSpec("int4", 32))))
+    assert layer.quant is before
+
+
+def test_a_non_contiguous_quantized_weight_is_made_contiguous(monkeypatch):
+    model = _model(10)
+    layer = model.layers[1].self_attn.o_proj
+    q = quantize(torch.randn(layer.quant.shape), QuantSpec("int8"))
+    column_major = torch.empty(q.qweight.shape[::-1], dtype=torch.int8).t().copy_(q.qweight)
+    strided = QuantizedWeight("int8", column_major, q.scales, None, q.group_size)
+    assert not strided.qweight.is_contiguous()
+    layer.set_quantized(strided)
+    assert layer.quant.qweight.is_contiguous() and torch.equal(layer.quant.qweight, q.qweight)
+    cache, ids, pos, meta = _paged(model, [5], 8, 5)
+    _assert_step_matches_layers(model, cache, ids, pos, meta, monkeypatch)

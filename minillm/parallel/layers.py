@@ -101,8 +101,12 @@ class Quantizable:
     def set_quantized(self, qw: QuantizedWeight) -> None:
         want = (self.out_features, self.in_features) if isinstance(self, (ColumnParallelLinear, RowParallelLinear)) \
             else (self.shard_size, self.hidden_size)
+        qw.check()
         if tuple(qw.shape) != want:
             raise ValueError(f"quantized weight shape {tuple(qw.shape)} != this layer's {want}")
+        if not all(t.is_contiguous() for t in qw.tensors()):   # the kernels read rows in place
+            qw = QuantizedWeight(qw.kind, *(None if t is None else t.contiguous()
+                                            for t in (qw.qweight, qw.scales, qw.mins)), qw.group_size)
         self.register_parameter("weight", None)
         self.quant = qw
         for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins)):

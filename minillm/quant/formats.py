@@ -98,6 +98,34 @@ class QuantizedWeight:
                                None if self.mins is None else self.mins[:, c.start // g:c.stop // g].contiguous(),
                                g)
 
+    def check(self) -> "QuantizedWeight":
+        """Refuse what the kernels would misread (they take raw pointers, so a float32 scale read as float16 would be
+        silently wrong math): the kind, dtypes, shapes, group size and device of the tensors. Returns self."""
+        want = {"int8": torch.int8, "int4": torch.uint8}
+        if self.kind not in want:
+            raise ValueError(f"unknown quantized kind {self.kind!r}: use one of {', '.join(want)}")
+        q = self.qweight
+        if not isinstance(q, torch.Tensor) or q.dim() != 2 or q.dtype != want[self.kind]:
+            raise ValueError(f"{self.kind} qweight must be a 2-D {want[self.kind]} tensor "
+                             f"({'[N, K/2], two values per byte' if self.kind == 'int4' else '[N, K]'}), got "
+                             f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+        n, k = self.shape
+        g = self.group_size
+        if not isinstance(g, int) or isinstance(g, bool) or g < BLOCK or g % BLOCK or k % g:
+            raise ValueError(f"group_size {g!r} must be a multiple of {BLOCK} that divides K = {k}")
+        for name, t in (("scales", self.scales), ("mins", self.mins)):
+            if name == "mins" and self.kind == "int8":
+                if t is not None:
+                    raise ValueError("int8 is symmetric: mins must be None")
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float16 or tuple(t.shape) != (n, k // g):
+                raise ValueError(f"{name} must be float16 of shape {(n, k // g)} (one per row and group), got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}: "
+                                 f"use .half() and one column per group")
+        if any(t.device != q.device for t in self.tensors()):
+            raise ValueError("qweight, scales and mins must be on one device")
+        return self
+
     @staticmethod
     def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
         """Stack matrices by output rows (fused q/k/v, gate/up); they must share kind and group size."""
