@@ -126,6 +126,9 @@ class Quantizable:
         """x times this rank's matrix (transposed); no communication, no bias."""
         if self.quant is None:
             return F.linear(x, self.weight)
+        if x.is_cuda:
+            from minillm.kernels.triton_qgemm import qlinear_cuda
+            return qlinear_cuda(x, self.quant)
         from minillm.kernels.cpu_qgemm import qlinear
         return qlinear(x, self.quant)
 

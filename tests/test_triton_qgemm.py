@@ -1,0 +1,76 @@
+"""The GPU path for quantized layers: the Triton dequant-matmul kernel (kernels/triton_qgemm.py) against
+dequantize-then-matmul, run on CPU through the Triton interpreter, and compiled for sm80/sm90 without a GPU.
+
+Tolerance: the kernel accumulates in fp32 in another order than torch's matmul, so fp32 agrees to ~1e-6 relative
+(TOL 1e-5); reading int4 nibbles in the wrong order (interleaved instead of GGUF's halves) is shown to be far outside.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton")
+
+from minillm.kernels.triton_qgemm import KERNEL_NAME, aot_compile, qlinear_triton, triton_available  # noqa: E402
+from minillm.quant.formats import QuantizedWeight, QuantSpec, pack_int4, quantize, unpack_int4  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs CUDA or TRITON_INTERPRET=1")
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+TOL = 1e-5
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(n=st.integers(1, 70), k_blocks=st.integers(1, 4), m=st.integers(1, 40), group_blocks=st.sampled_from([1, 2]),
+       kind=st.sampled_from(["int4", "int8", "int8-channel"]), seed=st.integers(0, 2**16))
+@example(n=33, k_blocks=2, m=17, group_blocks=1, kind="int4", seed=0)      # ragged tiles on both axes
+@example(n=5, k_blocks=2, m=1, group_blocks=2, kind="int8", seed=1)        # decode: one row
+def test_kernel_equals_dequantize_then_matmul(n, k_blocks, m, group_blocks, kind, seed):
+    k = 32 * k_blocks * group_blocks
+    g = torch.Generator().manual_seed(seed)
+    spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, 32 * group_blocks)
+    qw = quantize(torch.randn(n, k, generator=g), spec)
+    x = torch.randn(m, k, generator=g)
+    y = qlinear_triton(x.to(DEVICE), QuantizedWeight(qw.kind, *(t.to(DEVICE) if t is not None else None
+                                                                  for t in (qw.qweight, qw.scales, qw.mins)),
+                                                     qw.group_size))
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    assert _rel_err(y.cpu(), x @ qw.dequantize().T) < TOL
+
+
+def test_leading_dims_and_a_wrong_width_are_handled():
+    qw = quantize(torch.randn(8, 64), QuantSpec("int4", 32))
+    x = torch.randn(2, 3, 64)
+    assert _rel_err(qlinear_triton(x, qw), x @ qw.dequantize().T) < TOL
+    with pytest.raises(ValueError, match="expects 64"):
+        qlinear_triton(torch.randn(2, 32), qw)
+
+
+def test_the_wrong_nibble_order_is_far_outside_the_tolerance():
+    """The test above would catch a kernel that reads each byte's two nibbles as neighbours (element 2j, 2j+1)
+    instead of GGUF's j, j + 16: that weight gives a very different product."""
+    qw = quantize(torch.randn(16, 64), QuantSpec("int4", 32))
+    q = unpack_int4(qw.qweight).view(16, 2, 2, 16)                # [rows, blocks, lo/hi half, 16]
+    interleaved = q.transpose(2, 3).reshape(16, 64)              # what the other order would mean
+    wrong = QuantizedWeight("int4", pack_int4(interleaved), qw.scales, qw.mins, 32)
+    x = torch.randn(4, 64)
+    ref = x @ qw.dequantize().T
+    assert _rel_err(qlinear_triton(x, qw), ref) < TOL
+    assert _rel_err(x @ wrong.dequantize().T, ref) > 1000 * TOL
+
+
+@pytest.mark.slow
+def test_aot_compile_for_sm80_and_sm90_without_a_gpu():
+    jobs = [(80, "fp16", "int4"), (90, "bf16", "int4"), (80, "bf16", "int8"), (90, "fp16", "int8")]
+    out = aot_compile(jobs)
+    for (arch, _, _), asm in out.items():
+        assert f".entry {KERNEL_NAME}(" in asm["ptx"]
+        assert f".target sm_{arch}" in asm["ptx"]
+        assert asm["cubin_bytes"] > 0          # triton's bundled ptxas assembled it
