@@ -83,6 +83,7 @@ def test_bench_decode_and_prefix_cli():
     out = bench("decode", "--prefill-lens", "16", "--steps", "4")
     (d,) = out["runs"]           # one run per --quantization; the default is auto (test_quant compares formats)
     assert out["llama_cpp"] is None and d["quantization"].startswith("auto: int4 g32")
+    assert d["decode_step"] == "fused C"        # SmolLM2's quantized decode steps run as one C call
     assert d["bound_ms_per_token"] > 0 and d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
     p = bench("prefix", "--repeat", "1")
     assert p["system_prompt_hit_rate"] > 0 and p["multi_turn_hit_rate"] > 0

@@ -30,6 +30,7 @@ class DecodeBench:
     weight_bytes_per_token: int
     bound_ms_per_token: float
     ratio: float  # measured / bound: 1.0 would be perfectly bandwidth-bound
+    decode_step: str = "layers"   # "fused C" when the decode steps ran as one C call (kernels/cpu_decode.py)
 
 
 def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -90,7 +91,10 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
         raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
                          f"within {engine.max_model_len} positions (the model's context or the KV pool)")
     prefill = {n: time_prefill(engine, n) for n in prompt_lens}
+    from minillm.kernels import cpu_decode
+    fused_before = cpu_decode.FUSED_STEPS
     decode_ms = time_decode(engine, decode_steps)
+    step = "fused C" if cpu_decode.FUSED_STEPS > fused_before else "layers"
     bw = measure_bandwidth()
     wbytes = loaded.model.weight_bytes()
     bound_ms = 1000 * wbytes / bw
@@ -100,7 +104,7 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
                        dtype=str(loaded.model.dtype).removeprefix("torch."),
                        threads=torch.get_num_threads(), prefill_tok_s=prefill, decode_ms_per_token=decode_ms,
                        bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes, bound_ms_per_token=bound_ms,
-                       ratio=decode_ms / bound_ms)
+                       ratio=decode_ms / bound_ms, decode_step=step)
 
 
 def format_decode_bench(b: DecodeBench) -> str:
@@ -108,7 +112,8 @@ def format_decode_bench(b: DecodeBench) -> str:
     for n, v in b.prefill_tok_s.items():
         lines.append(f"prefill  {n:4d}-token prompt : {v:8.1f} tok/s")
     lines += [
-        f"decode   batch 1           : {b.decode_ms_per_token:8.2f} ms/token ({1000 / b.decode_ms_per_token:.1f} tok/s)",
+        f"decode   batch 1           : {b.decode_ms_per_token:8.2f} ms/token ({1000 / b.decode_ms_per_token:.1f} tok/s)"
+        f"  [{b.decode_step}]",
         f"memory bandwidth (copy)    : {b.bandwidth_gb_s:8.2f} GB/s",
         f"weight bytes per token     : {b.weight_bytes_per_token / 1e6:8.1f} MB",
         f"roofline bound             : {b.bound_ms_per_token:8.2f} ms/token  (weight bytes / bandwidth)",
@@ -124,10 +129,12 @@ def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None
     b0 = runs[0]
     lines = [f"model {b0.model}  threads {b0.threads}  memory bandwidth (copy) {b0.bandwidth_gb_s:.1f} GB/s",
              f"{'weights':34s} {'MB/token':>9s} {'bound ms':>9s} {'ms/token':>9s} {'tok/s':>7s} {'x bound':>8s}"
+             f" {'step':>8s}"
              + "".join(f" {'prefill ' + str(n):>13s}" for n in b0.prefill_tok_s)]
     for b in runs:
         lines.append(f"{b.quantization[:34]:34s} {b.weight_bytes_per_token / 1e6:9.1f} {b.bound_ms_per_token:9.2f} "
                      f"{b.decode_ms_per_token:9.2f} {1000 / b.decode_ms_per_token:7.1f} {b.ratio:8.2f}"
+                     f" {b.decode_step:>8s}"
                      + "".join(f" {v:9.1f} tok/s" for v in b.prefill_tok_s.values()))
     if llama_cpp is not None:
         lines.append(f"{'llama.cpp (' + llama_cpp['name'] + ')':34s} {'':9s} {'':9s} "
@@ -160,7 +167,7 @@ def run_llama_bench(binary: str, gguf: str, threads: int, steps: int) -> dict:
     rows = [r for r in json.loads(done.stdout) if r.get("n_gen", 0) > 0]
     if not rows:
         raise ValueError("llama-bench printed no decode (tg) result")
-    return {"name": f"tg{steps}, {rows[0].get('type_k', '')}{rows[0].get('model_type', '')}".rstrip(", "),
+    return {"name": ", ".join(x for x in (f"tg{steps}", rows[0].get("model_type", "")) if x),
             "tg_tok_s": float(rows[0]["avg_ts"]), "threads": threads}
 
 

@@ -30,6 +30,7 @@ from minillm.quant.formats import QuantizedWeight
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
+FUSED_STEPS = 0   # decode steps run fused, for the benchmarks to say which path they timed
 
 
 class _QLinear(ctypes.Structure):
@@ -193,4 +194,6 @@ def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) ->
                                  torch.get_num_threads())
     if rc != 0:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
+    global FUSED_STEPS
+    FUSED_STEPS += 1
     return x
