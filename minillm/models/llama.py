@@ -130,22 +130,20 @@ class LlamaModel(nn.Module):
         """[rows, V] fp32 logits; with tensor parallelism each rank scores its slice of the vocabulary and the
         result exists on rank 0 only (None elsewhere)."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
+        packed = self._packed_lm_head(head.weight) if head.quant is None else None
         if head.quant is not None:
             local = head.linear(hidden).float()
-            return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
-        weight = head.weight
-        packed = self._packed_lm_head(weight)
-        if packed is not None:
+        elif packed is not None:
             local = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), packed, None, "none", [], "")
         else:
-            local = F.linear(hidden, weight).float()
+            local = F.linear(hidden, head.weight).float()
         return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
 
     def load_weights(self, weights, dtype: torch.dtype = torch.float32, keep_quantized: bool = False) -> "LlamaModel":
         """Fill the parameters from (Hugging Face name, tensor or weight source) pairs. Each layer reads its own
         slice (`shard`); q/k/v and gate/up land in their fused matrices; layers outside this stage are skipped
         unread. With `keep_quantized`, a weight stored in a format minillm runs directly (GGUF Q8_0/Q4_0/Q4_1)
-        stays in it (`shard_quantized`). Raises ValueError naming what is missing, unexpected or misshaped."""
+        stays in it (`shard(..., quantized=True)`). Raises ValueError naming what is missing, unexpected or misshaped."""
         state: dict[str, torch.Tensor | QuantizedWeight] = {}
         parts: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
         self.checkpoint_types: dict[str, str] = {}   # target -> the checkpoint's storage type, where quantized
@@ -166,8 +164,8 @@ class LlamaModel(nn.Module):
             if qtype is not None and qtype.name not in ("F32", "F16", "BF16", "F64"):
                 self.checkpoint_types[target] = qtype.name
             value = None
-            if keep_quantized and hasattr(module, "shard_quantized"):
-                value = module.shard_quantized(src, part)
+            if keep_quantized and isinstance(module, Quantizable):
+                value = module.shard(src, part, quantized=True)
             if value is None:
                 shard = getattr(module, "shard", None)
                 value = shard(src, part) if shard is not None else src.read()

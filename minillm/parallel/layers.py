@@ -99,8 +99,7 @@ class Quantizable:
     quant: QuantizedWeight | None = None
 
     def set_quantized(self, qw: QuantizedWeight) -> None:
-        want = (self.out_features, self.in_features) if isinstance(self, (ColumnParallelLinear, RowParallelLinear)) \
-            else (self.shard_size, self.hidden_size)
+        want = tuple(self.weight.shape) if self.weight is not None else tuple(self.quant.shape)
         qw.check()
         if tuple(qw.shape) != want:
             raise ValueError(f"quantized weight shape {tuple(qw.shape)} != this layer's {want}")
@@ -160,15 +159,15 @@ class ColumnParallelLinear(Quantizable, nn.Module):
         self.weight = nn.Parameter(torch.empty(out_local, input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False) if bias else None
 
-    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+    def shard(self, src: WeightSource, part: str | None = None, quantized: bool = False):
+        """This rank's rows of `part`: a float tensor, or with `quantized` the checkpoint's own quantized format
+        (None where the source has none minillm runs; a bias is never quantized)."""
         full = (self.part_sizes[part], self.in_features)[:len(src.shape)]
         _check_shape(src, full, f"{part or 'column-parallel'} weight")
-        return src.read(rows=_slice(self.part_rows[part]))
-
-    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
-        full = (self.part_sizes[part], self.in_features)
-        _check_shape(src, full, f"{part or 'column-parallel'} weight")
-        return _read_quantized(src, rows=_slice(self.part_rows[part]))
+        rows = _slice(self.part_rows[part])
+        if quantized:
+            return None if len(src.shape) == 1 else _read_quantized(src, rows=rows)
+        return src.read(rows=rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is None:
@@ -213,18 +212,17 @@ class RowParallelLinear(Quantizable, nn.Module):
         self.weight = nn.Parameter(torch.empty(output_size, len(self.cols)), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
 
-    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+    def shard(self, src: WeightSource, part: str | None = None, quantized: bool = False):
+        """This rank's columns (the bias whole): float, or with `quantized` the checkpoint's quantized format or
+        None (see ColumnParallelLinear.shard)."""
         if len(src.shape) == 1:  # the bias is not split
+            if quantized:
+                return None
             _check_shape(src, (self.out_features,), "row-parallel bias")
             return src.read()
         _check_shape(src, (self.out_features, self.input_size), "row-parallel weight")
-        return src.read(cols=_slice(self.cols))
-
-    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
-        if len(src.shape) == 1:
-            return None
-        _check_shape(src, (self.out_features, self.input_size), "row-parallel weight")
-        return _read_quantized(src, cols=_slice(self.cols))
+        cols = _slice(self.cols)
+        return _read_quantized(src, cols=cols) if quantized else src.read(cols=cols)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is None:
@@ -247,20 +245,18 @@ class VocabParallelEmbedding(Quantizable, nn.Module):
         self.vocab_start = self.tp_rank * self.shard_size
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
 
-    def shard(self, src: WeightSource, part: str | None = None) -> torch.Tensor:
+    def shard(self, src: WeightSource, part: str | None = None, quantized: bool = False):
+        """This rank's vocabulary rows, zero-padded on the last rank: float, or with `quantized` the checkpoint's
+        quantized format or None (also for the padded last shard: padding a packed matrix is not worth it)."""
         _check_shape(src, (self.vocab_size, self.hidden_size), "embedding")
         stop = min(self.vocab_start + self.shard_size, self.vocab_size)
+        if quantized:
+            padded = stop - self.vocab_start < self.shard_size
+            return None if padded else _read_quantized(src, rows=slice(self.vocab_start, stop))
         rows = src.read(rows=slice(self.vocab_start, stop))
         if rows.shape[0] < self.shard_size:
             rows = torch.cat([rows, rows.new_zeros(self.shard_size - rows.shape[0], self.hidden_size)])
         return rows
-
-    def shard_quantized(self, src: WeightSource, part: str | None = None) -> QuantizedWeight | None:
-        _check_shape(src, (self.vocab_size, self.hidden_size), "embedding")
-        stop = min(self.vocab_start + self.shard_size, self.vocab_size)
-        if stop - self.vocab_start < self.shard_size:
-            return None   # the padded last shard: read as float (padding a packed matrix is not worth it)
-        return _read_quantized(src, rows=slice(self.vocab_start, stop))
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quant is None:
