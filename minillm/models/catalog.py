@@ -34,14 +34,20 @@ KNOWN_MODELS: dict[str, ModelConfig] = {c.name: c for c in [
 ]}
 
 
+def lookup(value, table: dict, cls: type, what: str):
+    """`value` itself when it already is a `cls`, else the catalog entry of that name; an unknown name raises a
+    KeyError listing the known ones."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return table[value]
+    except KeyError:
+        raise KeyError(f"unknown {what} {value!r}; known: {', '.join(sorted(table))}") from None
+
+
 def model_shape(name: str | ModelConfig) -> ModelConfig:
     """A ModelConfig by catalog name (or pass one through)."""
-    if isinstance(name, ModelConfig):
-        return name
-    try:
-        return KNOWN_MODELS[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}") from None
+    return lookup(name, KNOWN_MODELS, ModelConfig, "model")
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,7 @@ KNOWN_HARDWARE: dict[str, Hardware] = {h.name: h for h in [
 
 def hardware_spec(name: str | Hardware) -> Hardware:
     """A Hardware by catalog name (or pass one through)."""
-    if isinstance(name, Hardware):
-        return name
-    try:
-        return KNOWN_HARDWARE[name]
-    except KeyError:
-        raise KeyError(f"unknown hardware {name!r}; known: {', '.join(sorted(KNOWN_HARDWARE))}") from None
+    return lookup(name, KNOWN_HARDWARE, Hardware, "hardware")
 
 
 @dataclass(frozen=True)

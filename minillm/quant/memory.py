@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minillm.config import ModelConfig
-from minillm.models.catalog import param_groups
+from minillm.models.catalog import lookup, param_groups
 
 
 def weight_bytes(num_params: float, bits: float, group_size: int | None = None, scale_bits: int = 16) -> float:
@@ -47,12 +47,8 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in [
 
 
 def weight_format(name: str | WeightFormat) -> WeightFormat:
-    if isinstance(name, WeightFormat):
-        return name
-    try:
-        return WEIGHT_FORMATS[name]
-    except KeyError:
-        raise KeyError(f"unknown weight format {name!r}; known: {', '.join(WEIGHT_FORMATS)}") from None
+    """A WeightFormat by name (or pass one through)."""
+    return lookup(name, WEIGHT_FORMATS, WeightFormat, "weight format")
 
 
 def checkpoint_bytes(model: str | ModelConfig, format: str | WeightFormat, embeddings_bits: float = 16) -> float:
