@@ -8,8 +8,8 @@
     int4  every linear layer int4 in groups of `group_size`; embedding / LM head int8 per output channel
     w8a8  every linear layer and the LM head int8 per output channel with int8 activations quantized per token at
           run time (formats.py; FBGEMM on CPU); the embedding lookup reads the same int8 table
-Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a W8A8 copy
-made on the first such step; describe() reports the memory those copies hold.
+Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
+on the first such step (cpu_qgemm.BATCHED_PATH: float16 by default); describe() reports the memory it holds.
 """
 from __future__ import annotations
 
