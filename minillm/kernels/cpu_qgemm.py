@@ -99,7 +99,7 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 #                      float    7924  19259  21672  28608  73276  65156 101986 194381
 #
 # From 16 rows the C kernel (which re-expands the weights for every 4 rows) loses to every copy; below, in the
-# engine, it reads 1/7 of the bytes (decode bench: 1.76x fp32 at batch 1). Through the engine (/tmp A/B, 12
+# engine, it reads 1/7 of the bytes (decode bench: 1.76x fp32 at batch 1). Through the engine (a scratch A/B, 12
 # requests, outputs 16-128, 1 thread, best of 2 interleaved rounds, tok/s vs none): fp16 from 16 rows 1.41x,
 # float 1.31x, w8a8 1.17x; fp16 from 4 rows 1.62x but 0.56x in its other round -- this machine's noise is larger
 # than the difference, so 16 stays until a quiet re-measure. fp16 is kept over float for half the memory.
