@@ -21,8 +21,9 @@ def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = Fa
     add_engine_args(p, skip=("quantization",) if several_quantizations else ())
     if several_quantizations:
         p.add_argument("--quantization", nargs="+", default=None, choices=(*QUANTIZATIONS, "int4-gptq"),
-                       help="weight format (default: auto, the checkpoint's own); bench decode and quality compare "
-                            "several in one run, e.g. --quantization auto int8 none; quality also takes int4-gptq "
+                       help="weight format (default: auto, the checkpoint's own); bench decode, throughput and "
+                            "quality compare several in one run, e.g. --quantization auto int8 none (w8a8: int8 "
+                            "weights and per-token int8 activations); quality also takes int4-gptq "
                             "(int4 calibrated by GPTQ, groups of --quantization-group-size)")
 
 
@@ -225,7 +226,8 @@ def _chat_loop(args, loaded, engine, params) -> int:
 # The bench-specific flags each bench reads (engine settings apply to all of them).
 BENCH_FLAGS = {
     "decode": {"prompt_lens", "steps", "llama_bench"},
-    "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes"},
+    "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes",
+                   "no_baseline", "repeat"},
     "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
     "prefix": {"repeat"},
     "spec": {"tasks", "proposers", "k", "batch_sizes", "batch1_requests", "max_tokens", "seed", "repeat", "plot"},
@@ -256,9 +258,10 @@ def cmd_bench(args) -> int:
     if "int4-gptq" in (args.quantization or []):
         raise ValueError("int4-gptq (calibrated at load) is measured by bench quality only")
     quantizations = args.quantization or [EngineConfig().quantization]
-    if len(quantizations) > 1 and args.what != "decode":
-        raise ValueError(f"bench {args.what} takes one --quantization (bench decode and quality compare several)")
-    args.quantization = quantizations[0]
+    if len(quantizations) > 1 and args.what not in ("decode", "throughput"):
+        raise ValueError(f"bench {args.what} takes one --quantization (bench decode, throughput and quality compare "
+                         "several)")
+    args.quantization, args.quantizations = quantizations[0], quantizations
     if args.what != "parallel":
         par = engine_config(args).parallel
         if par.world_size > 1:
@@ -363,12 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
                "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
                "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~1 min\n"
                "  minillm bench decode --quantization auto int8 none   # ms/token and bytes per format: ~2 min\n"
+               "  minillm bench throughput --quantization auto w8a8 none --no-baseline --num-requests 32 --repeat 2\n"
+               "                                             # throughput per weight format, ratio to none: ~10 min\n"
                "  minillm bench quality --plot q.png         # perplexity per quantization: ~1 min\n"
                "\n" + EPILOG_MODEL)
     b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel",
                                     "quality"],
                    help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
-                        "throughput: continuous batching vs transformers static batches; "
+                        "throughput: continuous batching vs transformers static batches (and per --quantization, ratio to none); "
                         "kv: paged vs contiguous KV waste and concurrency; "
                         "prefix: TTFT with and without prefix caching; "
                         "spec: speculative decoding's acceptance and speedup per task, proposer, k and batch size "
@@ -406,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kv: tokens a contiguous cache reserves per sequence (its max length)")
     b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
                    help="throughput: transformers static batch sizes to try (best is reported)")
+    b.add_argument("--no-baseline", action="store_true",
+                   help="throughput: skip transformers (e.g. to compare --quantization auto none only)")
     b.add_argument("--tasks", nargs="+", default=["rewrite", "code", "chat"],
                    help="spec: rewrite (copy a passage), code (add type hints to a function), chat (open-ended)")
     b.add_argument("--proposers", nargs="+", default=["ngram", "layer_skip", "draft_model"], help="spec: proposers")
@@ -414,8 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
     b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
     b.add_argument("--repeat", type=int, default=None,
-                   help="spec/structured: rounds over every configuration, interleaved; each keeps its fastest (use "
-                        "3 on a shared or noisy machine; default 1); prefix: runs per configuration (default 2)")
+                   help="spec/structured/throughput: rounds over every configuration, interleaved; each keeps its "
+                        "fastest (use 3 on a shared or noisy machine; default 1); prefix: runs per configuration "
+                        "(default 2)")
     b.set_defaults(func=cmd_bench)
     ap.bench_parser = b
 

@@ -15,7 +15,8 @@ from minillm.config import METHODS, EngineConfig, SpeculativeConfig
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
     "quantization": "weight format: auto (keep the checkpoint's: the default GGUF runs int4) | none (dequantize to "
-                    "--dtype) | int8 (per output channel) | int4 (groups of --quantization-group-size)",
+                    "--dtype) | int8 (per output channel) | int4 (groups of --quantization-group-size) | w8a8 (int8 "
+                    "weights per channel and int8 activations per token)",
     "quantization_group_size": "int4 group size when quantizing a float checkpoint (a multiple of 32)",
     "max_model_len": "longest sequence (prompt + output) in tokens; default: the model's context window",
     "attention_backend": "auto | torch | cpu | triton (auto: the compiled CPU kernel, Triton on CUDA)",

@@ -169,7 +169,8 @@ class SpeculativeConfig:
 @dataclass
 class EngineConfig:
     dtype: str = "float32"              # what LLM and the CLI load the weights in
-    # auto: keep a quantized checkpoint's format (the default GGUF runs int4) | none | int8 | int4 (quant/policy.py)
+    # auto: keep a quantized checkpoint's format (the default GGUF runs int4) | none | int8 | int4 | w8a8
+    # (quant/policy.py)
     quantization: str = "auto"
     quantization_group_size: int = 32   # int4's group size when quantizing a float checkpoint
     max_model_len: int | None = None    # None: the model's context window (capped by the KV pool)

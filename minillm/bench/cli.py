@@ -21,14 +21,15 @@ def run(args) -> int:
                         max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
     if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):   # before the load
         raise ValueError("--prompt-lens and --output-lens take MIN MAX with 0 < MIN <= MAX")
-    loaded = load_with_status(args, config)
     if args.what == "throughput":
-        result = throughput(loaded, spec, args, config)
+        result = throughput(spec, args, getattr(args, "quantizations", None) or [config.quantization])
         if args.plot:
             from minillm.bench.throughput import throughput_plot
             throughput_plot(result, args.plot)
         print(json.dumps(result) if args.json else format_throughput(result, args.plot))
-    elif args.what == "kv":
+        return 0
+    loaded = load_with_status(args, config)
+    if args.what == "kv":
         from minillm.bench.kv import kv_bench
         workload = make_workload(loaded.tokenizer, spec)
         result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
@@ -45,37 +46,73 @@ def run(args) -> int:
     return 0
 
 
-def throughput(loaded, spec: WorkloadSpec, args, config) -> dict:
+def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
+    """The workload through minillm once per --quantization (rounds interleaved, --repeat of them, each keeping
+    its fastest run), then transformers' static batches; the first quantization's run is the headline."""
     from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
-    workload = make_workload(loaded.tokenizer, spec)
+    from minillm.quant.policy import describe
     progress = not args.json
-    mini = run_minillm(loaded.model, loaded.tokenizer, workload, config=config, progress=progress)
-    hf = load_hf_peer(loaded.path, loaded.model.dtype)
-    pad = loaded.tokenizer.eos_token_id or 0
+    models, runs = {}, {}
+    for q in quantizations:
+        args.quantization = q
+        config = engine_config(args)
+        models[q] = (load_with_status(args, config), config)
+    loaded = models[quantizations[0]][0]
+    workload = make_workload(loaded.tokenizer, spec)
+    for _ in range(args.repeat or 1):
+        for q, (lq, config) in models.items():
+            run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
+            if q not in runs or run.tok_s > runs[q].tok_s:
+                runs[q] = run
+    mini = runs[quantizations[0]]
     by_bs = {}
-    for bs in args.baseline_batch_sizes:
-        by_bs[bs] = round(run_transformers_static(hf, workload, bs, pad, progress=progress).tok_s, 2)
-    best_bs = max(by_bs, key=by_bs.get)
+    if not args.no_baseline:
+        hf = load_hf_peer(loaded.path, loaded.model.dtype)
+        pad = loaded.tokenizer.eos_token_id or 0
+        for bs in args.baseline_batch_sizes:
+            by_bs[bs] = round(run_transformers_static(hf, workload, bs, pad, progress=progress).tok_s, 2)
+    best_bs = max(by_bs, key=by_bs.get) if by_bs else None
+    ref = runs.get("none")
+    per_q = {q: {"tok_s": round(r.tok_s, 2), "formats": describe(models[q][0].model),
+                 "vs_none": round(r.tok_s / ref.tok_s, 3) if ref else None, "paths": matmul_paths(q),
+                 "minillm": r.summary()} for q, r in runs.items()}
     return {
-        "minillm_tok_s": round(mini.tok_s, 2), "baseline_tok_s": by_bs[best_bs],
-        "ratio": round(mini.tok_s / by_bs[best_bs], 3), "baseline_best_batch_size": best_bs,
-        "baseline_by_batch_size": by_bs, "minillm": mini.summary(), "dtype": str(loaded.model.dtype).removeprefix("torch."),
+        "minillm_tok_s": round(mini.tok_s, 2), "baseline_tok_s": by_bs.get(best_bs),
+        "ratio": round(mini.tok_s / by_bs[best_bs], 3) if by_bs else None, "baseline_best_batch_size": best_bs,
+        "baseline_by_batch_size": by_bs, "minillm": mini.summary(), "by_quantization": per_q,
+        "dtype": str(loaded.model.dtype).removeprefix("torch."), "quantization": quantizations[0],
         "threads": torch.get_num_threads(), "model": loaded.path.name, "workload": spec.as_dict(),
-        "settings": {**config.as_kwargs(), "greedy": True, "ignore_eos": True},
+        "settings": {**models[quantizations[0]][1].as_kwargs(), "greedy": True, "ignore_eos": True},
+        "repeat": args.repeat or 1,
     }
+
+
+def matmul_paths(quantization: str) -> str:
+    """Which matmul runs the linear layers at which step size, in words (minillm/kernels/cpu_qgemm.py)."""
+    from minillm.kernels import cpu_qgemm, cpu_w8a8
+    if quantization == "none":
+        return "float GEMM at every size"
+    if quantization == "w8a8":
+        return f"W8A8 ({cpu_w8a8.impl()}) at every size"
+    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows, a {cpu_qgemm.batched_path()} copy from "
+            f"{cpu_qgemm.BATCHED_MIN_ROWS} rows (layers a float checkpoint left float: float GEMM)")
 
 
 def format_throughput(r: dict, plot: str | None) -> str:
     m = r["minillm"]
     lines = [f"workload: {r['workload']['num_requests']} chat requests, seed {r['workload']['seed']}, "
-             f"{r['dtype']}, {r['threads']} threads",
-             f"minillm (continuous batching) : {r['minillm_tok_s']:8.1f} output tok/s",
-             *[f"transformers static bs={bs:<3d}  : {v:8.1f} output tok/s" for bs, v in r["baseline_by_batch_size"].items()],
-             f"ratio vs best static ({r['baseline_best_batch_size']})  : {r['ratio']:8.2f}x",
-             f"minillm TTFT p50/p99 {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s, "
-             f"TPOT p50/p99 {1000 * m['tpot_p50_s']:.0f}/{1000 * m['tpot_p99_s']:.0f} ms, "
-             f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions, "
-             f"attention: {m.get('attention') or '?'}"]
+             f"{r['dtype']}, {r['threads']} threads, best of {r.get('repeat', 1)} interleaved round(s)"]
+    for q, v in r.get("by_quantization", {}).items():
+        ratio = f"   {v['vs_none']:.2f}x none" if v["vs_none"] is not None else ""
+        lines += [f"minillm --quantization {q:<5}: {v['tok_s']:8.1f} output tok/s{ratio}",
+                  f"    weights: {v['formats']}", f"    matmuls: {v['paths']}"]
+    lines += [f"transformers static bs={bs:<3d}  : {v:8.1f} output tok/s" for bs, v in r["baseline_by_batch_size"].items()]
+    if r["ratio"] is not None:
+        lines.append(f"ratio {r['quantization']} vs best static ({r['baseline_best_batch_size']}): {r['ratio']:8.2f}x")
+    lines.append(f"minillm {r['quantization']}: TTFT p50/p99 {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s, "
+                 f"TPOT p50/p99 {1000 * m['tpot_p50_s']:.0f}/{1000 * m['tpot_p99_s']:.0f} ms, "
+                 f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions, "
+                 f"attention: {m.get('attention') or '?'}")
     if plot:
         lines.append(f"plot written to {plot}")
     return "\n".join(lines)

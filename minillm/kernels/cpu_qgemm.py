@@ -1,11 +1,14 @@
 """Call the C quantized linear kernel (csrc/qgemm.c), built on first use like the attention kernel.
 
-`qlinear(x, qw)` is the one entry point the layers use. On CPU with the kernel built: up to DEQUANT_MIN_ROWS - 1
-activation rows (decode) the integer kernel on the packed weights; from there on (prefill, big batches) W expanded
-to float by a C loop, then the float GEMM. Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the
-reference: dequantize, then a float matmul. The kernel differs from the reference by its dynamic int16 activations
-(per block of 32): tests/test_quant.py states the tolerance.
-MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs).
+`qlinear(x, qw)` is the one entry point the layers use.
+- W8A8 weights (`qw.act == "int8"`): always cpu_w8a8.w8a8_linear (per-token int8 activations at every batch size).
+- Weight-only int8/int4 on CPU with the kernel built: up to BATCHED_MIN_ROWS - 1 activation rows (decode) the
+  integer kernel on the packed weights; from there on (prefill, batched decode) the BATCHED_PATH (see the table at
+  the constant): by default a float16 copy of the weight (FBGEMM), made on the first such call.
+- Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
+The kernel differs from the reference by its dynamic int16 activations (per block of 32), the fp16 batched path by
+float16 weights: tests/test_quant.py and tests/test_w8a8.py state the tolerances. MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
+MINILLM_QGEMM_BATCHED=w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py).
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from minillm.kernels import cpu_native
-from minillm.quant.formats import QuantizedWeight
+from minillm.kernels import cpu_w8a8
+from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
+from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemm.c"
 KIND = {"int8": 0, "int4": 1}
@@ -62,10 +67,54 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     return F.linear(x, qw.dequantize(x.dtype))
 
 
-# From this many activation rows on, expanding W to float once and calling the float GEMM (oneDNN/MKL) is faster
-# than the integer dot products, which redo the widening of every weight for each group of four rows (timed on
-# SmolLM2's layer shapes, 1 thread, AVX2, 2026-11-25: the kernel wins up to ~8-16 rows, the float GEMM from ~32).
-DEQUANT_MIN_ROWS = 16
+# Weight-only layers with at least BATCHED_MIN_ROWS activation rows run BATCHED_PATH instead of the C kernel:
+#   fp16     an FBGEMM float16 copy made once (2 bytes per weight), float32 activations and accumulation: the weight
+#            rounded to 11 bits (<= 2^-12 relative; tests/test_w8a8.py states the tolerance)
+#   float    a float32 copy made once (exact weight-only math; 4 bytes per weight)
+#   w8a8     the weight requantized once to int8 per output channel and run as W8A8 (FBGEMM, cpu_w8a8.py): the
+#            fastest from 32-64 rows on, but 7-bit per-token activations cost SmolLM2 +17 % perplexity (README)
+#   dequant  W expanded to float32 on every call, then the float GEMM (exact, no memory; what ran until 2026-11-26)
+# tools/measure_qgemm.py --repeat 2 (µs per call, int4 g32 weights, int8 g32 LM head, 1 thread, AVX2, 2026-11-26,
+# shared machine: read ratios; weights stay in cache between calls, which flatters float at few rows -- in the
+# engine the C kernel streams 1/7 of the bytes, see the decode bench):
+#
+#   shape              path        1      4      8     16     32     64    128    256 rows
+#   576x576 q/o        C          97    149    294    516   1003   1133   2200   4793
+#                      w8a8      324    332    374    400    501    501    817   1460
+#                      fp16      102    130    169    235    350    502    958   1896
+#                      float      64    123    159    227    297    516    951   1870
+#                      dequant   383    434    463    494    493    710   1156   2083
+#   1536x576 gate/up   C          99    182    352   1078   1387   2803   5698  14293
+#                      w8a8      229    251    307    600    585    981   1815   3583
+#                      fp16       82    123    200    466    675   1221   2408   4906
+#                      float      89    229    307    560    781   1390   2705   5296
+#                      dequant   592    737    841   1171   1282   1909   3228   5772
+#   576x1536 down      C          86    173    327    664   1306   4944  11936  23879
+#                      w8a8      218    249    294    402    611   1621   3409   6721
+#                      fp16       80    121    193    359    677   1676   4565  10466
+#                      float      75    224    300    473    792   1522   5109   9608
+#   49152x576 head     C        3096   5327  10375  31528  70393 128594 185635 496445
+#                      w8a8     4410   2839   4266   7406  26245  28093  64193 139733
+#                      fp16     6148   4028   7839  23099  50310  46232  87132 180133
+#                      float    7924  19259  21672  28608  73276  65156 101986 194381
+#
+# From 16 rows the C kernel (which re-expands the weights for every 4 rows) loses to every copy; below, in the
+# engine, it reads 1/7 of the bytes (decode bench: 1.76x fp32 at batch 1). Through the engine (a scratch A/B, 12
+# requests, outputs 16-128, 1 thread, best of 2 interleaved rounds, tok/s vs none): fp16 from 16 rows 1.41x,
+# float 1.31x, w8a8 1.17x; fp16 from 4 rows 1.62x but 0.56x in its other round -- this machine's noise is larger
+# than the difference, so 16 stays until a quiet re-measure. fp16 is kept over float for half the memory.
+# Re-measure (this script and `bench throughput --quantization auto none --repeat 3`) when csrc/qgemm.c changes.
+BATCHED_MIN_ROWS = 16
+BATCHED_PATHS = ("fp16", "float", "w8a8", "dequant")
+BATCHED_PATH = "fp16"
+
+
+def batched_path() -> str:
+    """MINILLM_QGEMM_BATCHED when set, else BATCHED_PATH."""
+    p = os.environ.get("MINILLM_QGEMM_BATCHED", BATCHED_PATH).lower()
+    if p not in BATCHED_PATHS:
+        raise ValueError(f"MINILLM_QGEMM_BATCHED={p!r}: use one of {', '.join(BATCHED_PATHS)}")
+    return p
 
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
@@ -83,14 +132,51 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
 
 def qlinear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """x [..., K] (float32/bf16/fp16) times the quantized [N, K] matrix -> [..., N] in x's dtype."""
+    if qw.act is not None:
+        return w8a8_linear(x, qw)
     lib = _kernel() if x.device.type == "cpu" else None
     if lib is None:
         return reference(x, qw)
     n, k = qw.shape
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
-    if x.numel() // k >= DEQUANT_MIN_ROWS:
-        return F.linear(x, dequantize(qw).to(x.dtype))
+    if x.numel() // k >= BATCHED_MIN_ROWS:
+        return batched(x, qw)
+    return kernel(x, qw, lib)
+
+
+def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None) -> torch.Tensor:
+    """A weight-only layer's product by one of BATCHED_PATHS (default: batched_path()); the copies they use are
+    built on the first call and kept in qw.cache (qw.cache_nbytes counts them)."""
+    path = path or batched_path()
+    if path == "w8a8":
+        return w8a8_linear(x, requantized(qw))
+    if path == "fp16" and x.device.type == "cpu" and cpu_w8a8.fbgemm_available():
+        packed = cached(qw, "fp16", lambda: torch.ops.quantized.linear_prepack_fp16(dequantize(qw), None))
+        lead = x.shape[:-1]
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, qw.shape[1]).float().contiguous(), packed)
+        return y.view(*lead, qw.shape[0]).to(x.dtype)
+    if path in ("float", "fp16"):
+        return F.linear(x, cached(qw, "float", lambda: dequantize(qw)).to(x.dtype))
+    return F.linear(x, dequantize(qw).to(x.dtype))
+
+
+def requantized(qw: QuantizedWeight) -> QuantizedWeight:
+    """qw as W8A8 (int8 per output channel, rounded from its dequantized values), made once and kept. When FBGEMM
+    runs it, FBGEMM's packed copy is all that is kept: the codes move to the "meta" device (shape, no memory)."""
+    def build() -> QuantizedWeight:
+        q = quantize(dequantize(qw), QuantSpec("int8", act="int8"))
+        if cpu_w8a8.impl() == "fbgemm":
+            cpu_w8a8.prepacked(q)
+            q.qweight = q.qweight.to("meta")
+        return q
+    return cached(qw, "w8a8", build)
+
+
+def kernel(x: torch.Tensor, qw: QuantizedWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The C integer kernel at any number of rows (qlinear sends it fewer than BATCHED_MIN_ROWS)."""
+    lib = lib or _kernel()
+    n, k = qw.shape
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:

@@ -9,22 +9,36 @@ to float16 first, so the integers are chosen against the scale that dequantizati
 int4 values are packed two per byte in blocks of 32 — byte j of a block holds element j in its low nibble and
 element j + 16 in its high nibble — which is GGUF's Q4_0/Q4_1 layout, so those checkpoints load by copying bytes.
 Group sizes are multiples of 32 (the packing block, and the kernel's activation block).
+
+W8A8 (`act="int8"`) is int8 per output channel whose activations are quantized too, per token at run time:
+
+    x[m, k] ~ step[m] * c[m, k]     step[m] = max_k |x[m, k]| / W8A8_LEVELS,  c = round(x / step) in [-L, L]
+    y[m, n] = step[m] * scale[n] * sum_k c[m, k] q[n, k]      (the sum is an exact integer)
+
+W8A8_LEVELS is 63, not 127: the fast CPU path (FBGEMM on AVX2, minillm/kernels/cpu_w8a8.py) multiplies uint8 by int8
+with vpmaddubsw, whose int16 pair sums saturate for codes above 127 (measured: 8160 instead of 1032256 with the full
+range); PyTorch's own dynamic quantization on x86 makes the same choice (`reduce_range`). Every implementation
+uses the same 63 so results do not depend on the machine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 BLOCK = 32
 KINDS = ("int8", "int4")
+ACTS = (None, "int8")     # None: weight-only (float activations); "int8": W8A8, per-token dynamic activations
+W8A8_LEVELS = 63          # W8A8 activation codes lie in [-63, 63] (module docstring: why not 127)
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """What to quantize a weight to. `group_size=None` for int8 means one scale per output channel."""
+    """What to quantize a weight to. `group_size=None` for int8 means one scale per output channel; `act="int8"`
+    (int8 per channel only) also quantizes the activations per token at run time (W8A8)."""
     kind: str
     group_size: int | None = None
+    act: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -34,6 +48,11 @@ class QuantSpec:
         if self.group_size is not None and (self.group_size < BLOCK or self.group_size % BLOCK):
             raise ValueError(f"group size {self.group_size} is not a positive multiple of {BLOCK}: "
                              f"use 32, 64, 128, ...")
+        if self.act not in ACTS:
+            raise ValueError(f"unknown activation quantization {self.act!r}: use None (weight-only) or 'int8'")
+        if self.act is not None and (self.kind != "int8" or self.group_size is not None):
+            raise ValueError(f"act='int8' (W8A8) needs int8 weights with one scale per output channel: use "
+                             f"QuantSpec('int8', act='int8'), not {self.kind} with group size {self.group_size}")
 
     def group_for(self, in_features: int) -> int:
         """The group size used for a matrix with `in_features` columns; raises if it does not divide them."""
@@ -53,6 +72,10 @@ class QuantizedWeight:
     scales: torch.Tensor             # float16 [N, K / group_size]
     mins: torch.Tensor | None        # float16 [N, K / group_size] for int4, None for int8
     group_size: int
+    act: str | None = None           # "int8": W8A8, activations quantized per token at run time (see above)
+    # Copies that run batched steps faster (built on first use by minillm/kernels/cpu_qgemm.py, never by a model
+    # that only decodes small batches): name -> (object, bytes held)
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -62,6 +85,12 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    @property
+    def cache_nbytes(self) -> int:
+        """Extra bytes held by the batched-step copies built so far (0 until a large batch has run)."""
+        return sum(nbytes + (obj.cache_nbytes if isinstance(obj, QuantizedWeight) else 0)
+                   for obj, nbytes in self.cache.values())
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.qweight, self.scales, self.mins) if t is not None]
@@ -75,28 +104,10 @@ class QuantizedWeight:
             w = w + self.mins.float().unsqueeze(-1)
         return w.reshape(n, k).to(dtype)
 
-    def rows(self, r: slice) -> "QuantizedWeight":
-        """Output rows `r` (a column-parallel shard): every tensor is row-major by output channel."""
-        return QuantizedWeight(self.kind, self.qweight[r].contiguous(), self.scales[r].contiguous(),
-                               None if self.mins is None else self.mins[r].contiguous(), self.group_size)
-
     def take_rows(self, index: torch.Tensor) -> "QuantizedWeight":
         """The rows at `index` (an embedding lookup, or a row permutation)."""
         return QuantizedWeight(self.kind, self.qweight[index], self.scales[index],
-                               None if self.mins is None else self.mins[index], self.group_size)
-
-    def cols(self, c: slice) -> "QuantizedWeight":
-        """Input columns `c` (a row-parallel shard); both ends must fall on group boundaries."""
-        g = self.group_size
-        if c.start % g or c.stop % g:
-            raise ValueError(f"columns {c.start}:{c.stop} do not fall on {self.kind} group boundaries of {g}: "
-                             "this tensor-parallel size cannot split the quantized matrix; use another size or "
-                             "--quantization none")
-        per = 2 if self.kind == "int4" else 1
-        return QuantizedWeight(self.kind, self.qweight[:, c.start // per:c.stop // per].contiguous(),
-                               self.scales[:, c.start // g:c.stop // g].contiguous(),
-                               None if self.mins is None else self.mins[:, c.start // g:c.stop // g].contiguous(),
-                               g)
+                               None if self.mins is None else self.mins[index], self.group_size, self.act)
 
     def check(self) -> "QuantizedWeight":
         """Refuse what the kernels would misread (they take raw pointers, so a float32 scale read as float16 would be
@@ -131,12 +142,12 @@ class QuantizedWeight:
         """Stack matrices by output rows (fused q/k/v, gate/up); they must share kind and group size."""
         first = parts[0]
         if any(p.kind != first.kind or p.group_size != first.group_size or p.shape[1] != first.shape[1]
-               for p in parts):
+               or p.act != first.act for p in parts):
             raise ValueError("cannot fuse matrices quantized differently: "
-                             + ", ".join(f"{p.kind}/g{p.group_size}" for p in parts))
+                             + ", ".join(f"{p.kind}/g{p.group_size}/act {p.act}" for p in parts))
         mins = None if first.mins is None else torch.cat([p.mins for p in parts])
         return QuantizedWeight(first.kind, torch.cat([p.qweight for p in parts]),
-                               torch.cat([p.scales for p in parts]), mins, first.group_size)
+                               torch.cat([p.scales for p in parts]), mins, first.group_size, first.act)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -164,7 +175,7 @@ def quantize(w: torch.Tensor, spec: QuantSpec) -> QuantizedWeight:
         scale = (x.abs().amax(-1) / 127).half()
         safe = torch.where(scale.float() > 0, scale.float(), torch.ones(()))
         q = torch.clamp(torch.round(x / safe.unsqueeze(-1)), -127, 127).to(torch.int8)
-        return QuantizedWeight("int8", q.reshape(n, k), scale, None, g)
+        return QuantizedWeight("int8", q.reshape(n, k), scale, None, g, spec.act)
     lo, hi = x.amin(-1), x.amax(-1)
     scale, mins = ((hi - lo) / 15).half(), lo.half()
     safe = torch.where(scale.float() > 0, scale.float(), torch.ones(()))
@@ -185,3 +196,13 @@ def quantize_activations(x: torch.Tensor, levels: int = ACT_LEVELS) -> tuple[tor
     inv = torch.where(d > 0, 1.0 / d, torch.zeros(()))
     q = torch.round(xb * inv.unsqueeze(-1)).clamp(-levels, levels)
     return q.to(torch.int16).reshape(m, k), d, d * q.sum(-1)
+
+
+def quantize_per_token(x: torch.Tensor, levels: int = W8A8_LEVELS) -> tuple[torch.Tensor, torch.Tensor]:
+    """W8A8's activation quantization: each row of x [M, K] gets its own symmetric step max|row| / levels (at least
+    float32's smallest normal number, so an all-zero row divides safely and gets zero codes). Returns the codes
+    (float32 holding integers in [-levels, levels]) and the steps [M] (float32). Division, not multiplication by
+    1/step, so that an independent implementation of the definition rounds exactly the same values."""
+    xf = x.float()
+    step = (xf.abs().amax(-1) / levels).clamp_min_(torch.finfo(torch.float32).tiny)
+    return torch.div(xf, step.unsqueeze(-1)).round_().clamp_(-levels, levels), step

@@ -6,10 +6,14 @@
     none  dequantize everything to the float dtype (exact float math; what the labs use)
     int8  every linear layer int8 per output channel; embedding / LM head int8 per output channel
     int4  every linear layer int4 in groups of `group_size`; embedding / LM head int8 per output channel
+    w8a8  every linear layer and the LM head int8 per output channel with int8 activations quantized per token at
+          run time (formats.py; FBGEMM on CPU); the embedding lookup reads the same int8 table
+Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
+on the first such step (cpu_qgemm.BATCHED_PATH: float16 by default); describe() reports the memory it holds.
 """
 from __future__ import annotations
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
 BLOCK = 32   # = formats.BLOCK; this module stays free of torch (EngineConfig validates with it at CLI start)
 _LOW_BITS = ("Q4", "Q5", "Q3", "Q2", "IQ1", "IQ2", "IQ3", "IQ4", "TQ")
 
@@ -37,6 +41,9 @@ def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
         model.quantize_(int8_rows, int8_rows)
     elif quantization == "int4":
         model.quantize_(QuantSpec("int4", group_size), int8_rows)
+    elif quantization == "w8a8":
+        w8a8 = QuantSpec("int8", act="int8")
+        model.quantize_(w8a8, w8a8)
     else:   # auto: what the checkpoint stored quantized but could not be taken as it is
         types = getattr(model, "checkpoint_types", {})
         was_quantized = {name.rsplit(".", 1)[0] for name in types}
@@ -47,10 +54,19 @@ def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
 
 
 def describe(model) -> str:
-    """One line: which formats the model's weights are in, e.g. 'int4 g32 x210, int8 g32 x1'."""
+    """One line: which formats the model's weights are in, e.g. 'int4 g32 x210, int8 g32 x1', and the extra memory
+    held by the copies built for batched steps, if any ('+ 140.2 MB batched-step copies')."""
     from collections import Counter
     kinds = Counter()
     for _, m in model.quantizable():
         q = m.quant
-        kinds["float" if q is None else f"{q.kind} g{q.group_size}"] += 1
-    return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
+        kinds["float" if q is None else f"{q.kind}{'+a8' if q.act else ''} g{q.group_size}"] += 1
+    extra = cache_bytes(model)
+    return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) + (
+        f" + {extra / 1e6:.1f} MB batched-step copies" if extra else "")
+
+
+def cache_bytes(model) -> int:
+    """Bytes held beyond the weights themselves by the quantized layers' batched-step copies (0 until a batch of
+    cpu_qgemm.BATCHED_MIN_ROWS rows has run; never made by a model that only decodes small batches)."""
+    return sum(m.quant.cache_nbytes for _, m in model.quantizable() if m.quant is not None)
