@@ -139,6 +139,9 @@ def test_where_the_fused_step_does_not_apply_it_declines(monkeypatch):
     monkeypatch.delenv("MINILLM_DECODE_STEP")
     float_model = random_model(5, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=128)
     assert _declines(float_model, cache, ids, pos, meta)
+    w8a8 = random_model(5, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=128).quantize_(
+        QuantSpec("int8", act="int8"), None)
+    assert _declines(w8a8, cache, ids, pos, meta)
     prefill = AttentionMetadata([2, 1], [4, 5], torch.tensor([0, 1, 2]), meta.block_tables, 8)
     assert _declines(model, cache, torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4]), prefill)
 
@@ -203,6 +206,7 @@ def test_engine_greedy_tokens_fused_and_layers_agree(monkeypatch):
     (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales[:, :1], q.mins[:, :1], 64), "scales must be float16 of shape"),
     (lambda q: QuantizedWeight(q.kind, q.qweight, q.scales, q.mins, 48), "multiple of 32"),
     (lambda q: QuantizedWeight("int3", q.qweight, q.scales, q.mins, 32), "unknown quantized kind"),
+    (lambda q: QuantizedWeight("int4", q.qweight, q.scales, q.mins, 32, act="int8"), "act='int8'"),
 ])
 def test_a_quantized_weight_the_kernels_would_misread_is_refused(make, message):
     """The kernels take raw pointers: a float32 scale read as float16 would be silently wrong math. A plugged

@@ -3,10 +3,11 @@
 `try_forward(model, input_ids, positions, ctx)` returns the final hidden states, or None when the fused step does
 not apply and the layers must run — it applies only where it computes exactly what they would:
 
-- every row is a decode token (query length 1), and at most cpu_qgemm.DEQUANT_MIN_ROWS - 1 of them (the rows for
+- every row is a decode token (query length 1), and at most cpu_qgemm.BATCHED_MIN_ROWS - 1 of them (the rows for
   which the layers' qlinear also runs the integer kernel);
 - the whole model on one rank, float32, on the CPU; every decoder module of minillm's own classes with no forward
-  hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized;
+  hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized
+  weight-only (W8A8 layers quantize activations per token: cpu_w8a8.py);
 - the attention backend is the C CPU backend without a learner's attend function, the C kernel takes the head
   shape, and the KV pool is a contiguous float32 pool.
 
@@ -72,8 +73,8 @@ _DTYPES = {"int8": (torch.int8, 0), "int4": (torch.uint8, 1)}
 
 def _qlinear(module) -> _QLinear | None:
     qw = getattr(module, "quant", None)
-    if not isinstance(qw, QuantizedWeight) or qw.kind not in _DTYPES:
-        return None
+    if not isinstance(qw, QuantizedWeight) or qw.kind not in _DTYPES or qw.act is not None:
+        return None     # W8A8 layers quantize activations per token: not the weight-only kernel's math
     dtype, kind = _DTYPES[qw.kind]
     tensors = qw.tensors()
     if (qw.qweight.dtype != dtype or qw.scales.dtype != torch.float16
@@ -155,7 +156,7 @@ def _applies(model, input_ids: torch.Tensor, ctx) -> bool:
     from minillm.layers.attention import CpuAttentionBackend
     meta, cache = ctx.meta, ctx.cache
     n = input_ids.numel()
-    if not (0 < n < cpu_qgemm.DEQUANT_MIN_ROWS and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
+    if not (0 < n < cpu_qgemm.BATCHED_MIN_ROWS and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
             and model.comm.world_size == 1 and model.is_first and model.is_last and model.dtype == torch.float32
             and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
             and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"

@@ -105,7 +105,7 @@ class Quantizable:
             raise ValueError(f"quantized weight shape {tuple(qw.shape)} != this layer's {want}")
         if not all(t.is_contiguous() for t in qw.tensors()):   # the kernels read rows in place
             qw = QuantizedWeight(qw.kind, *(None if t is None else t.contiguous()
-                                            for t in (qw.qweight, qw.scales, qw.mins)), qw.group_size)
+                                            for t in (qw.qweight, qw.scales, qw.mins)), qw.group_size, qw.act)
         self.register_parameter("weight", None)
         self.quant = qw
         for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins)):

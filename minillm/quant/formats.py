@@ -135,6 +135,9 @@ class QuantizedWeight:
                                  f"use .half() and one column per group")
         if any(t.device != q.device for t in self.tensors()):
             raise ValueError("qweight, scales and mins must be on one device")
+        if self.act not in ACTS or (self.act is not None and (self.kind != "int8" or g != k)):
+            raise ValueError(f"act={self.act!r}: use None (weight-only), or 'int8' (W8A8) with int8 weights and one "
+                             f"scale per output channel")
         return self
 
     @staticmethod
