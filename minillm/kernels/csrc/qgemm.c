@@ -224,6 +224,10 @@ static void four_rows(const uint8_t *w, int64_t row_bytes, const uint16_t *sc, c
             ACC = _mm256_fmadd_ps(dot_block(w0, w1, x0, x1), _mm256_broadcast_ss(fac + J * CHUNK_BLOCKS + i), ACC);
             ROW(a0, 0) ROW(a1, 1) ROW(a2, 2) ROW(a3, 3)
 #undef ROW
+            /* the thread's next four rows, a cache line at a time, while these compute: int8 rows (2x the bytes per
+               block of int4) ran at half the bandwidth without it (49152x576 LM head, 1 thread: 4.4 -> 2.1 ms) */
+            if (((i * wstride) & 63) == 0)
+                for (int j = 4; j < 8; j++) _mm_prefetch((const char *)(q + j * row_bytes), _MM_HINT_T0);
         }
     }
     __m128 sums = hsum4x8(a0, a1, a2, a3);
