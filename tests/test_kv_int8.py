@@ -13,12 +13,10 @@ a factor e^(2 eps) (softmax of perturbed scores, renormalised), so |p'_j - p_j| 
 1e-5 for float rounding. p are the exact fp32 probabilities, so the bound is the definition's, not the kernel's."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
-from hypothesis import Phase, example, given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
 from minillm.config import EngineConfig, ModelConfig
@@ -365,5 +363,6 @@ def test_smollm_greedy_with_an_int8_pool_agrees_with_the_float_pool(smollm):
         agree += int((logits.argmax(-1) == out).sum())
         total += len(out)
         worst_gap = max(worst_gap, float((logits.max(-1).values - logits.gather(1, out[:, None])[:, 0]).max()))
-    print(f"SmolLM2 int8 KV: {identical}/6 answers identical; teacher-forced {agree}/{total}; worst gap {worst_gap:.4f}")
+    print(f"SmolLM2 int8 KV: {identical}/6 answers identical; teacher-forced {agree}/{total}; "
+          f"worst gap {worst_gap:.4f}")
     assert identical >= 4 and agree >= 0.97 * total and worst_gap < 0.1

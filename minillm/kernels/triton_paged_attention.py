@@ -503,7 +503,7 @@ def aot_compile(
     jobs = [dict(arch=int(a), dtype=str(d), head_dim=int(head_dim), block_size=int(block_size), group=int(group),
                  num_warps=int(num_warps), kv_cache_dtype=kv)
             for a in archs for d in dtypes for kv in kvs]
-    keys = [(job["arch"], job["dtype"]) if kv_cache_dtypes is None else (job["arch"], job["dtype"], job["kv_cache_dtype"])
+    keys = [(job["arch"], job["dtype"]) + (() if kv_cache_dtypes is None else (job["kv_cache_dtype"],))
             for job in jobs]
     if in_process is None:
         in_process = _in_process_compile_ok()

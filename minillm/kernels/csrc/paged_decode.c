@@ -259,7 +259,8 @@ static void score_chunk_i8(const v8f *qv, int G, int nv, const int8_t *krows, co
                 a2 += qc * load8_i8(k2 + 8 * c); a3 += qc * load8_i8(k3 + 8 * c);
             }
             v8f r = hsum4(a0, a1, a2, a3);
-            sg[j] = r[0] * ks[j]; sg[j + 1] = r[1] * ks[j + 1]; sg[j + 2] = r[2] * ks[j + 2]; sg[j + 3] = r[3] * ks[j + 3];
+            sg[j] = r[0] * ks[j];         sg[j + 1] = r[1] * ks[j + 1];
+            sg[j + 2] = r[2] * ks[j + 2]; sg[j + 3] = r[3] * ks[j + 3];
         }
         for (; j < n; j++) {
             const int8_t *kr = krows + (int64_t)j * D;
