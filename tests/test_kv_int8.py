@@ -366,3 +366,23 @@ def test_smollm_greedy_with_an_int8_pool_agrees_with_the_float_pool(smollm):
     print(f"SmolLM2 int8 KV: {identical}/6 answers identical; teacher-forced {agree}/{total}; "
           f"worst gap {worst_gap:.4f}")
     assert identical >= 4 and agree >= 0.97 * total and worst_gap < 0.1
+
+
+@pytest.mark.slow          # a second build of the kernel (~2 s of gcc)
+def test_the_portable_int8_loads_equal_the_avx2_ones():
+    """paged_decode.c widens int8 rows with AVX2 intrinsics where it can and gcc's generic vectors elsewhere; the
+    generic build (compiled here with MINILLM_PAGED_DECODE_PORTABLE) must read the same numbers."""
+    portable = cpu_native.load("portable")
+    if portable is None or cpu_native.load() is None:
+        pytest.skip("no C compiler")
+    cache, q, tables, lens, _, _ = scatter_case([70, 5, 33], 6, 2, 64, 16, seed=4, magnitude=2.0)
+    k_slots, v_slots = cache.layer_slots(0)
+    k_scale, v_scale = cache.layer_scales(0)
+    outs = []
+    for lib in (None, portable):
+        out = torch.empty_like(q)
+        cpu_native.paged_decode(q, torch.arange(3), k_slots, v_slots, tables, lens, 16, 0.125, out, k_scale, v_scale,
+                                lib=lib)
+        outs.append(out)
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(outs[0], dequantized_reference(cache, q, tables, lens, 0.125), atol=5e-5, rtol=1e-4)

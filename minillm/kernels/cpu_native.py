@@ -77,12 +77,14 @@ def build(compiler: str | None = None, out_dir: Path | None = None, source: Path
 
 
 @functools.cache
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (numba kernel instead) when it is switched off or cannot be built."""
+def load(variant: str = "native") -> ctypes.CDLL | None:
+    """The compiled kernel, or None (numba kernel instead) when it is switched off or cannot be built.
+    variant "portable": the int8 loads through gcc's generic vector code instead of AVX2 intrinsics (for tests)."""
     if os.environ.get("MINILLM_CPU_KERNEL", "").lower() == "numba":
         return None
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = ctypes.CDLL(str(build(extra_flags=("-DMINILLM_PAGED_DECODE_PORTABLE",) if variant == "portable"
+                                    else ())))
     except (RuntimeError, OSError) as e:
         warnings.warn(f"C PagedAttention kernel unavailable, using the numba kernel: {e}", RuntimeWarning)
         return None
@@ -112,15 +114,18 @@ def supports(q: torch.Tensor, out: torch.Tensor, k_slots: torch.Tensor, v_slots:
 
 def paged_decode(q: torch.Tensor, rows: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float,
-                 out: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> None:
+                 out: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 lib: ctypes.CDLL | None = None) -> None:
     """Same contract as cpu_paged_attention.paged_attention_decode_cpu with rows given; call supports() first.
-    An int8 pool (k_slots int8) needs k_scale / v_scale and runs minillm_paged_decode_int8."""
+    An int8 pool (k_slots int8) needs k_scale / v_scale and runs minillm_paged_decode_int8. lib: another build
+    (load("portable")), default load()."""
     rows, block_tables, seq_lens = rows.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
     num_kv_heads, num_slots, head_dim = k_slots.shape
+    lib = lib or load()
     pools = (k_slots.data_ptr(), v_slots.data_ptr())
-    fn = load().minillm_paged_decode
+    fn = lib.minillm_paged_decode
     if k_slots.dtype == torch.int8:
-        pools, fn = (*pools, k_scale.data_ptr(), v_scale.data_ptr()), load().minillm_paged_decode_int8
+        pools, fn = (*pools, k_scale.data_ptr(), v_scale.data_ptr()), lib.minillm_paged_decode_int8
     fn(q.data_ptr(), q.stride(0), q.stride(1), rows.data_ptr(), rows.shape[0], *pools, block_tables.data_ptr(),
        seq_lens.data_ptr(), q.shape[1], num_kv_heads, head_dim, num_slots, block_tables.shape[1], block_size,
        float(scale), out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads())

@@ -216,7 +216,7 @@ void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_s
 /* 8 int8 values as 8 floats. gcc 12 lowers __builtin_convertvector from an 8-byte vector one byte at a time
    (~6x slower than the float kernel), so on AVX2 this is the two instructions it should be (vpmovsxbd from memory,
    vcvtdq2ps); the generic form stays for other targets. */
-#if defined(__AVX2__)
+#if defined(__AVX2__) && !defined(MINILLM_PAGED_DECODE_PORTABLE)
 #include <immintrin.h>
 static inline v8f load8_i8(const int8_t *p) {
     return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
