@@ -20,11 +20,12 @@ def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = Fa
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_engine_args(p, skip=("quantization",) if several_quantizations else ())
     if several_quantizations:
-        p.add_argument("--quantization", nargs="+", default=None, choices=(*QUANTIZATIONS, "int4-gptq"),
+        p.add_argument("--quantization", nargs="+", default=None, choices=(*QUANTIZATIONS, "int4-gptq", "kv-int8"),
                        help="weight format (default: auto, the checkpoint's own); bench decode, throughput and "
                             "quality compare several in one run, e.g. --quantization auto int8 none (w8a8: int8 "
-                            "weights and per-token int8 activations); quality also takes int4-gptq "
-                            "(int4 calibrated by GPTQ, groups of --quantization-group-size)")
+                            "weights and per-token int8 activations); quality also takes int4-gptq (int4 "
+                            "calibrated by GPTQ, groups of --quantization-group-size) and kv-int8 (none's weights "
+                            "with an int8 KV cache)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -257,6 +258,8 @@ def cmd_bench(args) -> int:
         return _bench_quality(args)
     if "int4-gptq" in (args.quantization or []):
         raise ValueError("int4-gptq (calibrated at load) is measured by bench quality only")
+    if "kv-int8" in (args.quantization or []):
+        raise ValueError("kv-int8 is a bench quality row; elsewhere the KV cache is --kv-cache-dtype int8")
     quantizations = args.quantization or [EngineConfig().quantization]
     if len(quantizations) > 1 and args.what not in ("decode", "throughput"):
         raise ValueError(f"bench {args.what} takes one --quantization (bench decode, throughput and quality compare "
@@ -307,7 +310,7 @@ def cmd_bench(args) -> int:
     return bench_cli.run(args)
 
 
-QUALITY_DEFAULT = ["none", "auto", "int8", "int4"]
+QUALITY_DEFAULT = ["none", "auto", "int8", "int4", "kv-int8"]
 
 
 def _bench_quality(args) -> int:
@@ -321,7 +324,7 @@ def _bench_quality(args) -> int:
     quantizations = args.quantization or QUALITY_DEFAULT
     progress = None if args.json else progress_line
     rows = run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
-                             progress=progress)
+                             progress=progress, kv_cache_dtype=config.cache.kv_cache_dtype)
     progress_line("")
     if args.plot:
         quality_plot(rows, args.plot)
@@ -383,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat); "
                         "parallel: step time at each --batch-sizes, bytes sent per token vs the formula and time in "
                         "collectives for each of --layouts (uses --steps); "
-                        "quality: perplexity and top-1 agreement per --quantization (default: none auto int8 int4) "
+                        "quality: perplexity and top-1 agreement per --quantization (default: none auto int8 int4 "
+                        "kv-int8) "
                         "on held-out Python docs (uses --windows, --plot)")
     _add_model_args(b, several_quantizations=True)
     b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

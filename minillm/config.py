@@ -80,6 +80,9 @@ class CacheConfig:
     num_blocks: int | None = None
     kv_cache_memory: int | str = "2GiB"
     enable_prefix_caching: bool = True
+    # What the pool stores K/V as: "auto" (the model's dtype) or "int8" (per token and KV head scales, kv/int8.py):
+    # ~1.94x the tokens of fp16 in the same budget at head_dim 64.
+    kv_cache_dtype: str = "auto"
 
     @property
     def kv_cache_memory_bytes(self) -> int:
@@ -92,6 +95,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
 
+
+KV_CACHE_DTYPES = ("auto", "int8")
 
 EXECUTORS = ("auto", "mp", "thread", "env")
 
@@ -231,6 +236,9 @@ class EngineConfig:
                              f"got {c.kv_cache_memory!r}") from None
         if budget <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {c.kv_cache_memory!r}")
+        if not isinstance(c.kv_cache_dtype, str) or c.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {c.kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)} "
+                             "(auto: the model's dtype)")
         p = self.parallel
         positive("tensor_parallel_size", p.tensor_parallel_size)
         positive("pipeline_parallel_size", p.pipeline_parallel_size)

@@ -76,6 +76,8 @@ def test_every_command_has_help(command, capsys):
     (["generate", "hi", "--tensor-parallel-size", "0"], "tensor_parallel_size must be a positive integer"),
     (["generate", "hi", "--tensor-parallel-size", "3", "--pipeline-parallel-size", "2"], "together"),
     (["generate", "hi", "--distributed-executor-backend", "ray"], "distributed_executor_backend"),
+    (["generate", "hi", "--kv-cache-dtype", "fp8"], "unknown kv_cache_dtype 'fp8': use one of auto, int8"),
+    (["bench", "decode", "--quantization", "kv-int8"], "kv-int8 is a bench quality row"),
     (["bench", "decode", "--tensor-parallel-size", "3"], "bench parallel"),
     (["bench", "parallel", "--tensor-parallel-size", "3"], "--layouts"),
     (["bench", "decode", "--layouts", "tp1"], "--layouts does not apply to bench decode (it is for bench parallel)"),

@@ -407,3 +407,17 @@ def test_quantized_tensor_parallel_equals_quantized_one_process(tiny_dir):
     with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", quantization="int4") as llm:
         assert all(m.quant is not None for _, m in llm.engine.model.quantizable())
         assert run_engine(llm.engine, requests) == run_engine(single, requests)
+
+
+@pytest.mark.slow      # ~3 s of thread ranks; the fast suite checks a worker's pool in test_kv_int8
+def test_int8_kv_cache_on_a_tensor_parallel_engine_equals_one_process(tiny_dir):
+    """kv_cache_dtype reaches the workers: each rank's int8 slice (its KV heads, their scales) gives the one-process
+    int8 engine's greedy tokens (which differ from the float pool's here, so a float rank would show)."""
+    model, path = tiny_dir
+    requests = [([5, 9, 33, 7], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)),
+                (list(range(3, 23)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))]
+    single = run_engine(LLMEngine.from_model(model, kv_cache_dtype="int8"), requests)
+    assert single != run_engine(LLMEngine.from_model(model), requests), "int8 should change a token here"
+    with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", kv_cache_dtype="int8") as llm:
+        assert llm.engine.kv_cache.quantized and llm.engine.workers.spec.kv_cache_dtype == "int8"
+        assert run_engine(llm.engine, requests) == single

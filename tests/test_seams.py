@@ -80,7 +80,7 @@ def test_engine_config_fields_have_one_default_each():
     assert CacheConfig().kv_cache_memory == "2GiB" and SchedulerConfig().max_num_seqs == 64
     assert set(setting_names()) == {"dtype", "quantization", "quantization_group_size", "max_model_len",
                                     "attention_backend", "block_size", "num_blocks",
-                                    "kv_cache_memory", "enable_prefix_caching", "max_num_seqs",
+                                    "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype", "max_num_seqs",
                                     "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config",
                                     "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
                                     "pipeline_micro_batches"}

@@ -19,6 +19,7 @@ from hypothesis import Phase, given, settings, strategies as st  # noqa: E402
 
 from minillm.kernels.paged_attention_ref import paged_attention_decode_ref  # noqa: E402
 from minillm.kernels.triton_paged_attention import (  # noqa: E402
+    INT8_KERNEL_NAME,
     KERNEL_NAME,
     aot_compile,
     compile_for_gpu_target,
@@ -168,17 +169,21 @@ def test_zero_length_sequence_gives_zeros():
 
 @pytest.fixture(scope="module")
 def aot_asm():
-    # One child process compiles all four variants (fp16/bf16 x sm80/sm90).
-    return aot_compile((80, 90), dtypes=("fp16", "bf16"), head_dim=64, block_size=16)
+    # One child process compiles all eight variants (fp16/bf16 x sm80/sm90 x float/int8 KV pool).
+    return aot_compile((80, 90), dtypes=("fp16", "bf16"), head_dim=64, block_size=16,
+                       kv_cache_dtypes=("auto", "int8"))
 
 
 @pytest.mark.parametrize("arch,target", [(80, "sm_80"), (90, "sm_90a")])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_aot_compile_without_gpu(aot_asm, arch, target, dtype):
-    asm = aot_asm[(arch, dtype)]
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_aot_compile_without_gpu(aot_asm, arch, target, dtype, kv):
+    asm = aot_asm[(arch, dtype, kv)]
     ptx = asm["ptx"]
     assert isinstance(ptx, str) and ptx
-    assert f".entry {KERNEL_NAME}(" in ptx
+    assert f".entry {KERNEL_NAME if kv == 'auto' else INT8_KERNEL_NAME}(" in ptx
+    if kv == "int8":       # the K/V tiles are loaded as bytes and converted from signed integers
+        assert "ld.global.b8" in ptx and "cvt.rn.f32.s" in ptx
     assert f".target {target}" in ptx
     assert isinstance(asm.get("cubin"), bytes) and len(asm["cubin"]) > 0  # bundled ptxas ran
 

@@ -30,11 +30,12 @@ def run(args) -> int:
         return 0
     loaded = load_with_status(args, config)
     if args.what == "kv":
-        from minillm.bench.kv import kv_bench
+        from minillm.bench.kv import kv_bench, pool_tokens_per_gib
         workload = make_workload(loaded.tokenizer, spec)
         result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
                           max_model_len=args.reserve_len,
                           bytes_per_token=loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize))
+        result["pool_tokens_per_gib"] = pool_tokens_per_gib(loaded.model.kv_cfg)
         result["workload"] = spec.as_dict()
         print(json.dumps(result) if args.json else format_kv(result))
     else:
@@ -125,7 +126,13 @@ def format_kv(r: dict) -> str:
         f"reserved but unused: paged {100 * r['paged_waste_frac']:.1f}%   contiguous {100 * r['contiguous_waste_frac']:.1f}%",
         f"max concurrent sequences: paged {r['paged_max_concurrency']}   contiguous {r['contiguous_max_concurrency']}"
         f"   ratio {r['concurrency_ratio']:.1f}x",
+        *([pool_line(r["pool_tokens_per_gib"])] if "pool_tokens_per_gib" in r else []),
     ])
+
+
+def pool_line(per_gib: dict[str, int]) -> str:
+    return ("tokens per GiB of KV pool (--kv-cache-dtype): " + "   ".join(f"{k} {v}" for k, v in per_gib.items())
+            + f"   int8/fp16 {per_gib['int8'] / per_gib['fp16']:.2f}x")
 
 
 def spec_bench(args) -> int:

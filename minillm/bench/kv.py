@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from minillm.bench.workload import Request
-from minillm.config import SchedulerConfig
+from minillm.config import ModelConfig, SchedulerConfig
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.stream import TextStream
+from minillm.kv.cache import KVCache
 from minillm.kv.block_manager import BlockManager
 from minillm.sampling.params import SamplingParams
 
@@ -57,6 +60,14 @@ def replay(workload: list[Request], num_blocks: int, block_size: int, max_num_se
         out.reserved_slot_steps += sum(len(bm.block_table(s.seq_id)) for s in sched.running) * block_size
         out.used_slot_steps += sum(s.num_computed_tokens for s in sched.running)
     return out
+
+
+POOL_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
+
+
+def pool_tokens_per_gib(cfg: ModelConfig) -> dict[str, int]:
+    """Tokens one GiB of KV pool holds per stored dtype, from the pool's own accounting (int8 counts its scales)."""
+    return {name: 2**30 // KVCache.bytes_per_token(cfg, dtype) for name, dtype in POOL_DTYPES.items()}
 
 
 def kv_bench(workload: list[Request], *, budget_tokens: int, block_size: int, max_model_len: int,

@@ -9,6 +9,10 @@ For each --quantization setting (plus `int4-gptq`: int4 chosen by GPTQ on 16 cal
 often the top-1 next token equals the reference's (the first setting, `none` by default) on the same positions.
 Note for the default model: its block weights were Q4_1 in the file, so `none` is the dequantized Q4_1 model and
 requantizing to int4 g32 lands on nearly the same grid; coarser formats (int4 with large groups) show the loss.
+
+`kv-int8` is `none`'s weights with an int8 KV cache (kv/int8.py): its row is what quantizing the cache alone costs.
+Every position then attends to dequantized keys and values, as every decode step does (the attention backends read
+an int8 pool back even in prefill). The engine's --kv-cache-dtype applies to every other row.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ def calibration_text() -> str:
 
 
 CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (quant/gptq.py)
+KV_SETTINGS = {"kv-int8": ("none", "int8")}   # settings that quantize the KV cache: (weights, kv_cache_dtype)
 
 
 def eval_windows(tokenizer, num_windows: int, window: int, calibration: bool = False) -> list[list[int]]:
@@ -46,12 +51,14 @@ def eval_windows(tokenizer, num_windows: int, window: int, calibration: bool = F
     return out
 
 
-def sequence_logits(model, ids: list[int]) -> torch.Tensor:
-    """[n, V] logits of every position of one sequence (one prefill through a contiguous cache)."""
+def sequence_logits(model, ids: list[int], kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """[n, V] logits of every position of one sequence (one prefill through a contiguous cache that stores
+    kv_cache_dtype: "auto", the model's dtype, or "int8")."""
+    from minillm.kv.cache import pool_dtype
     from minillm.kv.contiguous import ContiguousKVCache
     from minillm.layers.attention import TorchAttentionBackend
     from minillm.models.llama import ForwardContext
-    cache = ContiguousKVCache(model.cfg, 1, len(ids), dtype=model.dtype)
+    cache = ContiguousKVCache(model.cfg, 1, len(ids), dtype=pool_dtype(kv_cache_dtype, model.dtype))
     meta = cache.metadata([0], [0], [len(ids)])
     h = model(torch.tensor(ids), torch.arange(len(ids)), ForwardContext(meta, cache, TorchAttentionBackend()))
     return model.compute_logits(h)
@@ -66,10 +73,14 @@ class QualityRow:
     perplexity: float
     top1_agreement: float        # with the first row's argmax, same positions
     seconds: float
+    kv_cache_dtype: str = "auto"
 
 
 def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int = 32, num_windows: int = 8,
-                      window: int = 256, progress=None, calibration_windows: int = 16) -> list[QualityRow]:
+                      window: int = 256, progress=None, calibration_windows: int = 16,
+                      kv_cache_dtype: str = "auto") -> list[QualityRow]:
+    """One row per setting of `quantizations` (QUANTIZATIONS, int4-gptq, kv-int8); kv_cache_dtype: the KV cache of
+    the rows that do not choose their own."""
     from minillm.loading.loader import load_model
     from minillm.quant.policy import describe
     rows: list[QualityRow] = []
@@ -79,7 +90,8 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
         t0 = time.perf_counter()
         if progress:
             progress(f"quality: loading with quantization={q}")
-        loaded = load_model(model_spec, "float32", quantization="none" if q in CALIBRATED else q,
+        weights, kv = KV_SETTINGS.get(q, (q, kv_cache_dtype))
+        loaded = load_model(model_spec, "float32", quantization="none" if q in CALIBRATED else weights,
                             group_size=group_size)
         model = loaded.model
         if q == "int4-gptq":
@@ -92,7 +104,7 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
         for i, w in enumerate(windows):
             if progress:
                 progress(f"quality: {q} window {i + 1}/{len(windows)}")
-            logits = sequence_logits(model, w)[:-1].float()
+            logits = sequence_logits(model, w, kv)[:-1].float()
             target = torch.tensor(w[1:])
             nll += float(F.cross_entropy(logits, target, reduction="sum"))
             count += len(w) - 1
@@ -101,8 +113,9 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
             sum((a == b).sum() for a, b in zip(top1, ref_top1)) / sum(len(a) for a in top1))
         ref_top1 = ref_top1 if ref_top1 is not None else top1
         params = _params_read_per_token(model)
-        rows.append(QualityRow(q, describe(model), model.weight_bytes() / params, model.weight_bytes() / 1e6,
-                               math.exp(nll / count), agree, time.perf_counter() - t0))
+        formats = describe(model) + (f" + KV {kv}" if kv != "auto" else "")
+        rows.append(QualityRow(q, formats, model.weight_bytes() / params, model.weight_bytes() / 1e6,
+                               math.exp(nll / count), agree, time.perf_counter() - t0, kv))
     return rows
 
 

@@ -26,7 +26,7 @@ from minillm.engine.simple import eos_token_ids
 from minillm.engine.speculation import SpecDecoder, build_proposer, clear as clear_drafts
 from minillm.engine.stream import TextStream
 from minillm.kv.block_manager import BlockManager
-from minillm.kv.cache import KVCache
+from minillm.kv.cache import KVCache, pool_dtype
 from minillm.layers.attention import get_attention_backend
 from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
@@ -58,13 +58,14 @@ class LLMEngine:
         self.config = config if config is not None else EngineConfig()
         self.model, self.tokenizer, self.workers = model, tokenizer, workers
         cfg, cc = model.cfg, self.config.cache
-        per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, model.dtype)
+        kv_dtype = pool_dtype(cc.kv_cache_dtype, model.dtype)
+        per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, kv_dtype)
         num_blocks = cc.num_blocks or cc.kv_cache_memory_bytes // per_block
         if num_blocks < 1:
             raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
                              "raise kv_cache_memory")
         try:
-            self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=model.dtype)
+            self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=kv_dtype)
         except (MemoryError, ValueError, RuntimeError) as e:   # numpy/torch refuse a size past memory or index range
             raise ValueError(f"cannot reserve a KV pool of {num_blocks} blocks x {per_block} bytes "
                              f"({num_blocks * per_block / 2**30:.4g} GiB): {e}; lower kv_cache_memory "

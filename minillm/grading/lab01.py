@@ -173,7 +173,8 @@ def verify_lab01_1(attend):
 
 # --------------------------------------------------------------------------- lab01_2 and lab01_3: sizing
 
-_DTYPE_OF_BYTES = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32}
+# 1 byte: fp8, one byte per number and nothing else (an int8 KVCache also keeps a float16 scale per row, kv/int8.py)
+_DTYPE_OF_BYTES = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
 
 def kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes):

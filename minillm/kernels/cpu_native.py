@@ -30,6 +30,7 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-share
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ARGTYPES = [_P, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _I, ctypes.c_int]
+_ARGTYPES_INT8 = [*_ARGTYPES[:7], _P, _P, *_ARGTYPES[7:]]     # k, v int8, then their fp16 scales
 
 
 def cache_dir() -> Path:
@@ -77,39 +78,55 @@ def build(compiler: str | None = None, out_dir: Path | None = None, source: Path
 
 
 @functools.cache
-def load() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (numba kernel instead) when it is switched off or cannot be built."""
+def load(variant: str = "native") -> ctypes.CDLL | None:
+    """The compiled kernel, or None (numba kernel instead) when it is switched off or cannot be built.
+    variant "portable": the int8 loads through gcc's generic vector code instead of AVX2 intrinsics (for tests)."""
     if os.environ.get("MINILLM_CPU_KERNEL", "").lower() == "numba":
         return None
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = ctypes.CDLL(str(build(extra_flags=("-DMINILLM_PAGED_DECODE_PORTABLE",) if variant == "portable"
+                                    else ())))
     except (RuntimeError, OSError) as e:
         warnings.warn(f"C PagedAttention kernel unavailable, using the numba kernel: {e}", RuntimeWarning)
         return None
     lib.minillm_paged_decode.argtypes = _ARGTYPES
     lib.minillm_paged_decode.restype = None
+    lib.minillm_paged_decode_int8.argtypes = _ARGTYPES_INT8
+    lib.minillm_paged_decode_int8.restype = None
     lib.minillm_paged_decode_supports.argtypes = [_I, _I]
     lib.minillm_paged_decode_supports.restype = ctypes.c_int
     return lib
 
 
-def supports(q: torch.Tensor, out: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor) -> bool:
-    """Whether the C kernel is built and takes these operands (d contiguous in q and out, pools contiguous)."""
+def supports(q: torch.Tensor, out: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
+             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> bool:
+    """Whether the C kernel is built and takes these operands (d contiguous in q and out, pools contiguous; an int8
+    pool with contiguous float16 scales [KVH, slots])."""
     lib = load()
     if (lib is None or q.stride(-1) != 1 or out.stride(-1) != 1 or not k_slots.is_contiguous()
             or not v_slots.is_contiguous()):
+        return False
+    if k_slots.dtype == torch.int8 and not all(
+            s is not None and s.dtype == torch.float16 and s.is_contiguous() and s.shape == k_slots.shape[:2]
+            for s in (k_scale, v_scale)):
         return False
     return bool(lib.minillm_paged_decode_supports(q.shape[1] // k_slots.shape[0], q.shape[2]))
 
 
 def paged_decode(q: torch.Tensor, rows: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float,
-                 out: torch.Tensor) -> None:
-    """Same contract as cpu_paged_attention.paged_attention_decode_cpu with rows given; call supports() first."""
+                 out: torch.Tensor, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 lib: ctypes.CDLL | None = None) -> None:
+    """Same contract as cpu_paged_attention.paged_attention_decode_cpu with rows given; call supports() first.
+    An int8 pool (k_slots int8) needs k_scale / v_scale and runs minillm_paged_decode_int8. lib: another build
+    (load("portable")), default load()."""
     rows, block_tables, seq_lens = rows.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
     num_kv_heads, num_slots, head_dim = k_slots.shape
-    load().minillm_paged_decode(
-        q.data_ptr(), q.stride(0), q.stride(1), rows.data_ptr(), rows.shape[0], k_slots.data_ptr(),
-        v_slots.data_ptr(), block_tables.data_ptr(), seq_lens.data_ptr(), q.shape[1], num_kv_heads, head_dim,
-        num_slots, block_tables.shape[1], block_size, float(scale), out.data_ptr(), out.stride(0), out.stride(1),
-        torch.get_num_threads())
+    lib = lib or load()
+    pools = (k_slots.data_ptr(), v_slots.data_ptr())
+    fn = lib.minillm_paged_decode
+    if k_slots.dtype == torch.int8:
+        pools, fn = (*pools, k_scale.data_ptr(), v_scale.data_ptr()), lib.minillm_paged_decode_int8
+    fn(q.data_ptr(), q.stride(0), q.stride(1), rows.data_ptr(), rows.shape[0], *pools, block_tables.data_ptr(),
+       seq_lens.data_ptr(), q.shape[1], num_kv_heads, head_dim, num_slots, block_tables.shape[1], block_size,
+       float(scale), out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads())

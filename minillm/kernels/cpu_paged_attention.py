@@ -89,7 +89,8 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
                                scale: float, rows: torch.Tensor | None = None,
                                out: torch.Tensor | None = None, impl: str = "auto",
-                               check: bool = True) -> torch.Tensor:
+                               check: bool = True, k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence. q: [S, H, D] fp32 (any row/head strides); k/v_slots: a layer's physical
     pool [KVH, slots, D]; block_tables: [S, max_blocks] int64; seq_lens: [S] (tokens to attend, >= 1).
     Returns [S, H, D].
@@ -97,10 +98,19 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
     With rows ([S] int64), q and out are a whole step's [T, H, D] and sequence s owns row rows[s]: the kernel
     reads its query and writes its output there (the step's prefill rows are left alone).
     impl: "auto" (C when built, else numba), "c" or "numba". check=False skips the block-table bounds check
-    (for callers that ran check_tables once for all layers of a step)."""
+    (for callers that ran check_tables once for all layers of a step).
+
+    An int8 pool (k/v_slots int8, kv/int8.py) comes with k_scale / v_scale, float16 [KVH, slots]; only the C build
+    reads it. The numba build stays float32-only on purpose: it is the fallback for machines without a C compiler,
+    an int8 variant would add a multi-second JIT compile to every such process, and there the engine's torch path
+    (gather + dequantize) reads an int8 pool anyway (CpuAttentionBackend falls back to it)."""
     from minillm.kernels import cpu_native
-    if q.dtype != torch.float32 or k_slots.dtype != torch.float32:
-        raise TypeError(f"the CPU kernel runs in float32 (got q {q.dtype}, kv {k_slots.dtype})")
+    quantized = k_slots.dtype == torch.int8
+    if q.dtype != torch.float32 or not (k_slots.dtype == torch.float32 or quantized) or v_slots.dtype != k_slots.dtype:
+        raise TypeError(f"the CPU kernel runs in float32 over a float32 or int8 pool (got q {q.dtype}, "
+                        f"kv {k_slots.dtype}/{v_slots.dtype})")
+    if quantized and (k_scale is None or v_scale is None):
+        raise ValueError("an int8 pool needs its k_scale and v_scale ([kv_heads, num_slots] float16)")
     if rows is None:
         rows = torch.arange(q.shape[0])
     if out is None:
@@ -114,11 +124,14 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
                              f"{rows.shape[0]}, {seq_lens.shape[0]}, {block_tables.shape[0]})")
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]):
             raise ValueError(f"rows must index q's {q.shape[0]} rows (got {rows.tolist()})")
-    use_c = impl != "numba" and cpu_native.supports(q, out, k_slots, v_slots)
-    if impl == "c" and not use_c:
-        raise RuntimeError("the C kernel is not built or does not take this shape (head_dim % 8 != 0)")
+    use_c = impl != "numba" and cpu_native.supports(q, out, k_slots, v_slots, k_scale, v_scale)
+    if (impl == "c" or quantized) and not use_c:
+        raise RuntimeError("the C kernel is not built or does not take this shape (head_dim % 8 != 0, or an int8 "
+                           "pool's scales are not contiguous float16 [kv_heads, num_slots]); an int8 pool has no "
+                           "numba build: read it through the torch path")
     if use_c:
-        cpu_native.paged_decode(q, rows, k_slots, v_slots, block_tables, seq_lens, block_size, scale, out)
+        cpu_native.paged_decode(q, rows, k_slots, v_slots, block_tables, seq_lens, block_size, scale, out,
+                                k_scale, v_scale)
         return out
     if numba is None:
         raise RuntimeError("the CPU paged-attention kernel needs numba or a C compiler: pip install numba")

@@ -3,6 +3,8 @@
 Same signature as :func:`minillm.kernels.triton_paged_attention.paged_attention_decode_triton`.
 It is deliberately slow and simple: one sequence at a time, gather that sequence's
 K/V rows through its block table, expand KV heads for GQA, softmax in fp32.
+An int8 pool (kv/int8.py) comes with k_scale / v_scale [num_blocks, block_size, KVH]:
+each gathered row is dequantized as q * scale before the float math.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import torch
 
 def gather_kv(cache: torch.Tensor, block_table, seq_len: int) -> torch.Tensor:
     """K (or V) of positions 0 .. seq_len-1 of one sequence, read through its block table from a paged cache
-    [num_blocks, block_size, KVH, D] (any strides) -> [seq_len, KVH, D]."""
+    [num_blocks, block_size, KVH, D] (any strides) -> [seq_len, KVH, D] (a scale cache [num_blocks, block_size,
+    KVH] -> [seq_len, KVH] likewise)."""
     block_size = cache.shape[1]
     blocks = torch.as_tensor(block_table)[: (int(seq_len) + block_size - 1) // block_size].long()
     return cache[blocks].flatten(0, 1)[: int(seq_len)]
@@ -25,6 +28,8 @@ def paged_attention_decode_ref(
     block_tables: torch.Tensor,  # int [S, max_blocks_per_seq]
     seq_lens: torch.Tensor,  # int [S], KV tokens per sequence (incl. the current one)
     scale: float,
+    k_scale: torch.Tensor | None = None,  # int8 pool: [num_blocks, block_size, KVH] per-row scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     S, H, D = q.shape
     KVH = k_cache.shape[2]
@@ -36,6 +41,9 @@ def paged_attention_decode_ref(
             continue
         k = gather_kv(k_cache, block_tables[s], n).float()  # [n, KVH, D]
         v = gather_kv(v_cache, block_tables[s], n).float()
+        if k_scale is not None:
+            k = k * gather_kv(k_scale, block_tables[s], n).float()[..., None]
+            v = v * gather_kv(v_scale, block_tables[s], n).float()[..., None]
         k = k.repeat_interleave(group, dim=1)  # [n, H, D]: head h uses kv head h // group
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [H, n]

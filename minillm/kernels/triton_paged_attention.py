@@ -75,9 +75,11 @@ __all__ = [
     "kernel_source",
     "KernelCompileError",
     "KERNEL_NAME",
+    "INT8_KERNEL_NAME",
 ]
 
 KERNEL_NAME = "paged_attention_decode_kernel"
+INT8_KERNEL_NAME = "paged_attention_decode_int8_kernel"
 
 
 def triton_available() -> bool:
@@ -183,13 +185,106 @@ if _HAS_TRITON:
         o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
 
+    # The same kernel over an int8 pool (kv/int8.py): K/V tiles load as int8 and each row is scaled by its float16
+    # scale ([num_blocks, block_size, KVH], any strides) right after the load, so the softmax and the sums are the
+    # float kernel's. A separate kernel, not a constexpr flag, so the float kernel keeps the signature a learner's
+    # kernel (lab03) is compiled and checked against.
+    def paged_attention_decode_int8_kernel(
+        out_ptr,
+        q_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        block_tables_ptr,
+        seq_lens_ptr,
+        scale,
+        stride_qs,
+        stride_qh,
+        stride_kb,
+        stride_kt,
+        stride_kh,
+        stride_vb,
+        stride_vt,
+        stride_vh,
+        stride_ksb,
+        stride_kst,
+        stride_ksh,
+        stride_vsb,
+        stride_vst,
+        stride_vsh,
+        stride_bt,
+        stride_os,
+        stride_oh,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        D_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        seq_len = tl.load(seq_lens_ptr + seq)
+
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, D_PAD)
+        offs_t = tl.arange(0, BLOCK_SIZE)
+        g_mask = offs_g < GROUP
+        d_mask = offs_d < HEAD_DIM
+        gd_mask = g_mask[:, None] & d_mask[None, :]
+
+        heads = kv_head * GROUP + offs_g
+        q_ptrs = q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=gd_mask, other=0.0).to(tl.float32) * scale  # [G, D]
+
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+
+        num_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+        bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        tile_k = kv_head * stride_kh + offs_t[:, None] * stride_kt + offs_d[None, :]
+        tile_v = kv_head * stride_vh + offs_t[:, None] * stride_vt + offs_d[None, :]
+        row_ks = kv_head * stride_ksh + offs_t * stride_kst   # [T]: the block's row scales
+        row_vs = kv_head * stride_vsh + offs_t * stride_vst
+        q3 = q[:, None, :]
+        for b in range(0, num_blocks):
+            phys = tl.load(bt_row + b).to(tl.int64)
+            t_mask = offs_t < seq_len - b * BLOCK_SIZE
+            td_mask = t_mask[:, None] & d_mask[None, :]
+
+            ks = tl.load(k_scale_ptr + phys * stride_ksb + row_ks, mask=t_mask, other=0.0).to(tl.float32)
+            k = tl.load(k_cache_ptr + phys * stride_kb + tile_k,
+                        mask=td_mask, other=0).to(tl.float32) * ks[:, None]  # [T, D] dequantized
+            s = tl.reduce(q3 * k[None, :, :], 2, _sum_combine)
+            s = tl.where(t_mask[None, :], s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_combine))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(p, 1, _sum_combine)
+
+            vs = tl.load(v_scale_ptr + phys * stride_vsb + row_vs, mask=t_mask, other=0.0).to(tl.float32)
+            v = tl.load(v_cache_ptr + phys * stride_vb + tile_v,
+                        mask=td_mask, other=0).to(tl.float32) * vs[:, None]
+            pv = tl.reduce(p[:, :, None] * v[None, :, :], 1, _sum_combine)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        o_ptrs = out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=gd_mask)
+
     _KERNEL_PY_FN = paged_attention_decode_kernel
     paged_attention_decode_kernel = triton.jit(_KERNEL_PY_FN)
+    _INT8_KERNEL_PY_FN = paged_attention_decode_int8_kernel
+    paged_attention_decode_int8_kernel = triton.jit(_INT8_KERNEL_PY_FN)
     # What `triton.jit` produced at import time decides how the kernel runs.
     _INTERPRETED = not isinstance(paged_attention_decode_kernel, triton.runtime.jit.JITFunction)
 else:  # pragma: no cover
-    _KERNEL_PY_FN = None
-    paged_attention_decode_kernel = None
+    _KERNEL_PY_FN = _INT8_KERNEL_PY_FN = None
+    paged_attention_decode_kernel = paged_attention_decode_int8_kernel = None
     _INTERPRETED = False
 
 
@@ -204,12 +299,16 @@ def paged_attention_decode_triton(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PagedAttention decode.
 
     q: [S, H, D]; k_cache/v_cache: [num_blocks, block_size, KVH, D];
     block_tables: int [S, max_blocks_per_seq]; seq_lens: int [S] (>= 0, number of cached
     tokens including the current one). Returns [S, H, D] in q's dtype.
+    An int8 pool (kv/int8.py): k_cache/v_cache int8 and k_scale/v_scale [num_blocks, block_size, KVH]
+    (float16, any strides, e.g. KVCache.layer_scale_views).
     """
     import torch
 
@@ -231,6 +330,14 @@ def paged_attention_decode_triton(
     if block_tables.shape[0] != S or seq_lens.shape[0] != S:
         raise ValueError("block_tables / seq_lens must have one row per sequence")
     group = H // KVH
+    quantized = k_cache.dtype == torch.int8
+    if quantized != (k_scale is not None) or (k_scale is None) != (v_scale is None) or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"an int8 K/V cache needs k_scale and v_scale, a float one neither (got k {k_cache.dtype}, "
+                         f"v {v_cache.dtype}, k_scale {'set' if k_scale is not None else 'None'}, v_scale "
+                         f"{'set' if v_scale is not None else 'None'})")
+    if quantized and (k_scale.shape != k_cache.shape[:3] or v_scale.shape != k_cache.shape[:3]):
+        raise ValueError(f"k_scale/v_scale must be [num_blocks, block_size, KVH] = {tuple(k_cache.shape[:3])}, got "
+                         f"{tuple(k_scale.shape)} / {tuple(v_scale.shape)}")
 
     # The kernel assumes unit stride on the head dim and contiguous int32 metadata.
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -243,6 +350,22 @@ def paged_attention_decode_triton(
         return out
 
     grid = (S, KVH)
+    if quantized:
+        paged_attention_decode_int8_kernel[grid](
+            out, q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
+            float(scale),
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
+            v_scale.stride(0), v_scale.stride(1), v_scale.stride(2),
+            block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            GROUP=group, GROUP_PAD=_next_pow2(group),
+            HEAD_DIM=D, D_PAD=_next_pow2(D),
+            BLOCK_SIZE=block_size,
+        )
+        return out
     paged_attention_decode_kernel[grid](
         out, q, k_cache, v_cache, block_tables, seq_lens,
         float(scale),
@@ -296,23 +419,34 @@ def _python_fn(kernel):
     return fn
 
 
-def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group: int, num_warps: int) -> dict:
+def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group: int, num_warps: int,
+                kv_cache_dtype: str = "auto") -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
 
     elt = _ELT[str(dtype).replace("torch.", "")]
-    jit = JITFunction(fn)
     ptr = f"*{elt}"
-    signature = {
-        "out_ptr": ptr, "q_ptr": ptr, "k_cache_ptr": ptr, "v_cache_ptr": ptr,
-        "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
-        "scale": "fp32",
-        "stride_qs": "i32", "stride_qh": "i32",
-        "stride_kb": "i32", "stride_kt": "i32", "stride_kh": "i32",
-        "stride_vb": "i32", "stride_vt": "i32", "stride_vh": "i32",
-        "stride_bt": "i32", "stride_os": "i32", "stride_oh": "i32",
-    }
+    if kv_cache_dtype == "int8":          # minillm's int8 kernel: int8 K/V, fp16 row scales with their strides
+        fn = _INT8_KERNEL_PY_FN if fn is _KERNEL_PY_FN else fn
+        signature = {
+            "out_ptr": ptr, "q_ptr": ptr, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8",
+            "k_scale_ptr": "*fp16", "v_scale_ptr": "*fp16", "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "scale": "fp32",
+            **{f"stride_{n}": "i32" for n in ("qs", "qh", "kb", "kt", "kh", "vb", "vt", "vh", "ksb", "kst", "ksh",
+                                                "vsb", "vst", "vsh", "bt", "os", "oh")},
+        }
+    else:
+        signature = {
+            "out_ptr": ptr, "q_ptr": ptr, "k_cache_ptr": ptr, "v_cache_ptr": ptr,
+            "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "scale": "fp32",
+            "stride_qs": "i32", "stride_qh": "i32",
+            "stride_kb": "i32", "stride_kt": "i32", "stride_kh": "i32",
+            "stride_vb": "i32", "stride_vt": "i32", "stride_vh": "i32",
+            "stride_bt": "i32", "stride_os": "i32", "stride_oh": "i32",
+        }
+    jit = JITFunction(fn)
     constexprs = {
         "GROUP": group, "GROUP_PAD": _next_pow2(group),
         "HEAD_DIM": head_dim, "D_PAD": _next_pow2(head_dim),
@@ -345,6 +479,7 @@ def aot_compile(
     num_warps: int = 4,
     in_process: bool | None = None,
     kernel=None,
+    kv_cache_dtypes: tuple[str, ...] | None = None,
 ) -> dict:
     """Compile a PagedAttention decode kernel for ``GPUTarget("cuda", arch, 32)`` (sm``arch``) without a GPU.
 
@@ -353,16 +488,23 @@ def aot_compile(
     str or sequence of ``"fp16"``/``"bf16"``/``"fp32"``. Returns ``{(arch, dtype): asm}`` where ``asm`` holds
     ``ttir``, ``ttgir``, ``llir``, ``ptx`` (str) and ``cubin`` (bytes, from the ``ptxas`` bundled in triton's
     wheel). ``in_process=None`` picks a child process when this process runs the interpreter (see above).
+    ``kv_cache_dtypes``: e.g. ``("auto", "int8")`` also compiles minillm's int8-pool kernel (one child process for
+    all); the keys are then ``(arch, dtype, kv_cache_dtype)``.
     Raises KernelCompileError when the kernel does not compile."""
     if not _HAS_TRITON:
         raise RuntimeError("triton is not installed")
     fn = _python_fn(kernel)
     archs = (arch,) if isinstance(arch, int) else tuple(arch)
     dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
-    jobs = [dict(arch=int(a), dtype=str(d), head_dim=int(head_dim),
-                 block_size=int(block_size), group=int(group), num_warps=int(num_warps))
-            for a in archs for d in dtypes]
-    keys = [(job["arch"], job["dtype"]) for job in jobs]
+    kvs = ("auto",) if kv_cache_dtypes is None else tuple(kv_cache_dtypes)
+    if set(kvs) - {"auto", "int8"} or (kernel is not None and "int8" in kvs):
+        raise ValueError(f"kv_cache_dtypes takes 'auto' and 'int8' (int8: minillm's own kernel, kernel=None), "
+                         f"got {kvs}")
+    jobs = [dict(arch=int(a), dtype=str(d), head_dim=int(head_dim), block_size=int(block_size), group=int(group),
+                 num_warps=int(num_warps), kv_cache_dtype=kv)
+            for a in archs for d in dtypes for kv in kvs]
+    keys = [(job["arch"], job["dtype"]) + (() if kv_cache_dtypes is None else (job["kv_cache_dtype"],))
+            for job in jobs]
     if in_process is None:
         in_process = _in_process_compile_ok()
     if in_process:

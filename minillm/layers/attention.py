@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm.kv.cache import KVCache
+from minillm.kv.int8 import dequantize_rows
 
 
 @dataclass
@@ -126,14 +127,22 @@ class Workspace:
 
 
 def paged_decode_attend(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, group: DecodeGroup,
-                        scale: float, k_ws: Workspace | None = None, v_ws: Workspace | None = None) -> torch.Tensor:
-    """q: [S, H, D] (one token per sequence); k/v_slots: [KVH, num_slots, D]. Returns [S, H, D]."""
+                        scale: float, k_ws: Workspace | None = None, v_ws: Workspace | None = None,
+                        scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """q: [S, H, D] (one token per sequence); k/v_slots: [KVH, num_slots, D]. Returns [S, H, D].
+    scales: an int8 pool's (k_scale, v_scale) [KVH, num_slots]; the gathered rows are dequantized to q's dtype."""
     s, h, d = q.shape
     kvh, n = k_slots.shape[0], group.slots.numel()
-    k_out = k_ws.get((kvh, n, d), k_slots) if k_ws else None
-    v_out = v_ws.get((kvh, n, d), v_slots) if v_ws else None
-    k = torch.index_select(k_slots, 1, group.slots, out=k_out).view(kvh, s, group.max_len, d)
-    v = torch.index_select(v_slots, 1, group.slots, out=v_out).view(kvh, s, group.max_len, d)
+    if scales is not None:
+        k = dequantize_rows(torch.index_select(k_slots, 1, group.slots), torch.index_select(scales[0], 1, group.slots),
+                            q.dtype).view(kvh, s, group.max_len, d)
+        v = dequantize_rows(torch.index_select(v_slots, 1, group.slots), torch.index_select(scales[1], 1, group.slots),
+                            q.dtype).view(kvh, s, group.max_len, d)
+    else:
+        k_out = k_ws.get((kvh, n, d), k_slots) if k_ws else None
+        v_out = v_ws.get((kvh, n, d), v_slots) if v_ws else None
+        k = torch.index_select(k_slots, 1, group.slots, out=k_out).view(kvh, s, group.max_len, d)
+        v = torch.index_select(v_slots, 1, group.slots, out=v_out).view(kvh, s, group.max_len, d)
     qh = q.view(s, kvh, h // kvh, d).transpose(0, 1)                   # [KVH, S, G, D]
     scores = torch.matmul(qh, k.transpose(-1, -2))                       # [KVH, S, G, Lmax]
     scores = (scores.float() * scale).add_(group.bias.view(1, s, 1, -1))
@@ -211,14 +220,22 @@ class TorchAttentionBackend:
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata, cache: KVCache, scale: float) -> torch.Tensor:
         k_slots, v_slots = cache.layer_slots(layer)
-        self.write_kv(k, v, k_slots, v_slots, meta.slot_mapping)
+        if cache.quantized:
+            cache.write(layer, k, v, meta.slot_mapping)
+        else:
+            self.write_kv(k, v, k_slots, v_slots, meta.slot_mapping)
         out = torch.empty_like(q)
         decode_rows = self._decode(q, out, meta, cache, layer, scale)
         for i in range(meta.num_seqs):
             a, b = meta.query_start[i], meta.query_start[i + 1]
             if a in decode_rows:
                 continue
-            if meta.seq_lens[i] == b - a:  # nothing cached before this chunk: use the fresh K/V directly
+            if cache.quantized:
+                # An int8 pool is read back dequantized even by a fresh prefill (as vLLM's paged backends read a
+                # quantized cache): every position then sees the same K/V whether its keys came from this chunk,
+                # an earlier one or a prefix-cache hit, and `bench quality` measures what decode will see.
+                ki, vi = cache.gather(layer, meta.context_slots(i), q.dtype)
+            elif meta.seq_lens[i] == b - a:  # nothing cached before this chunk: use the fresh K/V directly
                 ki, vi = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)
             else:
                 slots = meta.context_slots(i)
@@ -237,8 +254,9 @@ class TorchAttentionBackend:
         if not groups:
             return set()
         k_slots, v_slots = cache.layer_slots(layer)
+        scales = cache.layer_scales(layer) if cache.quantized else None
         for g in groups:
-            out[g.rows] = paged_decode_attend(q[g.rows], k_slots, v_slots, g, scale, self._k_ws, self._v_ws)
+            out[g.rows] = paged_decode_attend(q[g.rows], k_slots, v_slots, g, scale, self._k_ws, self._v_ws, scales)
         return {meta.query_start[i] for g in groups for i in g.seq_idx}
 
 
@@ -259,7 +277,15 @@ class TritonAttentionBackend(TorchAttentionBackend):
         if not rows:
             return set()
         k_cache, v_cache = cache.layer(layer)
-        out[rows] = decode(q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
+        args = (q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
+        if cache.quantized:
+            if self.decode_fn is not None:
+                raise ValueError("this decode_fn reads a float KV pool; the engine's pool is int8: use "
+                                 "kv_cache_dtype='auto', or the built-in kernel (decode_fn=None)")
+            k_scale, v_scale = cache.layer_scale_views(layer)
+            out[rows] = decode(*args, k_scale=k_scale, v_scale=v_scale)
+        else:
+            out[rows] = decode(*args)
         return set(rows)
 
 
@@ -267,7 +293,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     """Decode through the compiled CPU PagedAttention kernel (C, or numba); prefill chunks through the torch path.
 
     The kernel reads K/V in place through the block tables, like the Triton kernel on a GPU; torch can only
-    gather a copy first. Falls back to the torch groups where the kernel does not apply (non-fp32 KV)."""
+    gather a copy first. Falls back to the torch groups where the kernel does not apply (bf16 queries, a bf16 pool,
+    an int8 pool without the C build: the numba build reads float32 pools only)."""
 
     name = "cpu"
 
@@ -278,17 +305,25 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return "c" if cpu_native.load() is not None else "numba"
 
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
+        from minillm.kernels import cpu_native
         from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
-        if q.dtype != torch.float32 or cache.k.dtype != torch.float32 or q.device.type != "cpu":
+        if q.dtype != torch.float32 or q.device.type != "cpu":
+            return super()._decode(q, out, meta, cache, layer, scale)
+        k_slots, v_slots = cache.layer_slots(layer)
+        scales = cache.layer_scales(layer) if cache.quantized else (None, None)
+        if cache.quantized:
+            if not cpu_native.supports(q, out, k_slots, v_slots, *scales):
+                return super()._decode(q, out, meta, cache, layer, scale)
+        elif cache.k.dtype != torch.float32:
             return super()._decode(q, out, meta, cache, layer, scale)
         rows, tables, lens = meta.decode_rows()
         if not rows:
             return set()
-        k_slots, v_slots = cache.layer_slots(layer)
         # every layer of the step reads the same tables: bounds-check them once
         meta.memo("tables_checked", lambda: check_tables(tables, lens, meta.block_size, k_slots.shape[1]) or True)
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, meta.block_size, scale,
-                                   rows=meta.decode_row_index(), out=out, check=False)
+                                   rows=meta.decode_row_index(), out=out, check=False,
+                                   k_scale=scales[0], v_scale=scales[1])
         return set(rows)
 
 

@@ -44,7 +44,7 @@ def start_engine(model: str, config: EngineConfig, rules=None):
     threads = max(1, torch.get_num_threads() // world)
     spec = WorkerSpec(model=str(model), dtype=config.dtype, tensor_parallel_size=par.tensor_parallel_size,
                       pipeline_parallel_size=par.pipeline_parallel_size, attention_backend=config.attention_backend,
-                      block_size=config.cache.block_size,
+                      block_size=config.cache.block_size, kv_cache_dtype=config.cache.kv_cache_dtype,
                       micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, threads=threads,
                       rules=rules, quantization=quant, group_size=config.quantization_group_size)
     if backend == "env" and env_rank() not in (0, None):

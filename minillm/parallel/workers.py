@@ -86,6 +86,7 @@ class WorkerSpec:
     rules: Any = None            # interfaces.TensorParallelRules; None: minillm's own
     quantization: str = "none"   # EngineConfig.quantization, as the loader takes it
     group_size: int = 32
+    kv_cache_dtype: str = "auto"  # CacheConfig.kv_cache_dtype: every rank's slice of the pool stores the same
 
     @property
     def world_size(self) -> int:
@@ -106,9 +107,9 @@ def load_rank(spec: WorkerSpec, comm: Communicator):
 
 def build_runner(spec: WorkerSpec, model, comm: Communicator, num_blocks: int, driver=None):
     from minillm.engine.model_runner import ModelRunner
-    from minillm.kv.cache import KVCache
+    from minillm.kv.cache import KVCache, pool_dtype
     from minillm.layers.attention import get_attention_backend
-    kv = KVCache(model.kv_cfg, num_blocks, spec.block_size, dtype=model.dtype)
+    kv = KVCache(model.kv_cfg, num_blocks, spec.block_size, dtype=pool_dtype(spec.kv_cache_dtype, model.dtype))
     return ModelRunner(model, kv, get_attention_backend(spec.attention_backend), comm,
                        pipeline=spec.pipeline_parallel_size > 1, micro_batches=spec.micro_batches, driver=driver)
 

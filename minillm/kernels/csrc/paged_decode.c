@@ -206,3 +206,162 @@ void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_s
         decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
                     head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, t);
 }
+
+/* ---------------------------------------------------------------------------------------------------------------
+   The same decode over an int8 pool (kv/int8.py): K and V rows are int8 [KVH, num_slots, D], and every row has a
+   float16 scale in k_scale / v_scale [KVH, num_slots] (IEEE half, passed as raw bits). A row reads as q * scale, so
+   the scale factors out of each dot product: score_j = scale_k[j] * (q . k_j), and V's weight becomes
+   p_j * scale_v[j]. The float kernel above is left as it is (its callers depend on its speed and signature). */
+
+/* 8 int8 values as 8 floats. gcc 12 lowers __builtin_convertvector from an 8-byte vector one byte at a time
+   (~6x slower than the float kernel), so on AVX2 this is the two instructions it should be (vpmovsxbd from memory,
+   vcvtdq2ps); the generic form stays for other targets. */
+#if defined(__AVX2__) && !defined(MINILLM_PAGED_DECODE_PORTABLE)
+#include <immintrin.h>
+static inline v8f load8_i8(const int8_t *p) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#else
+typedef int8_t v8c __attribute__((vector_size(8)));
+static inline v8f load8_i8(const int8_t *p) {
+    int64_t bits;
+    __builtin_memcpy(&bits, p, 8);
+    return __builtin_convertvector(__builtin_convertvector((v8c)bits, v8i), v8f);
+}
+#endif
+
+/* IEEE half bits -> float, for the per-row scales (normal, subnormal, zero; scales are never inf or NaN). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    union { uint32_t u; float f; } bits;
+    if (exp == 0) {                                      /* zero or subnormal: mant * 2^-24 */
+        float x = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -x : x;
+    }
+    bits.u = sign | ((exp + 112u) << 23) | (mant << 13);  /* rebias 15 -> 127; exp 31 (inf/NaN) is not expected */
+    return bits.f;
+}
+
+static void score_chunk_i8(const v8f *qv, int G, int nv, const int8_t *krows, const uint16_t *kscale, int n, int D,
+                           float *s) {
+    float ks[CHUNK];
+    for (int j = 0; j < n; j++) ks[j] = half_to_float(kscale[j]);
+    for (int g = 0; g < G; g++) {
+        const v8f *qg = qv + g * nv;
+        float *sg = s + g * CHUNK;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const int8_t *k0 = krows + (int64_t)j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+            v8f a0 = splat(0.0f), a1 = splat(0.0f), a2 = splat(0.0f), a3 = splat(0.0f);
+            for (int c = 0; c < nv; c++) {
+                v8f qc = qg[c];
+                a0 += qc * load8_i8(k0 + 8 * c); a1 += qc * load8_i8(k1 + 8 * c);
+                a2 += qc * load8_i8(k2 + 8 * c); a3 += qc * load8_i8(k3 + 8 * c);
+            }
+            v8f r = hsum4(a0, a1, a2, a3);
+            sg[j] = r[0] * ks[j];         sg[j + 1] = r[1] * ks[j + 1];
+            sg[j + 2] = r[2] * ks[j + 2]; sg[j + 3] = r[3] * ks[j + 3];
+        }
+        for (; j < n; j++) {
+            const int8_t *kr = krows + (int64_t)j * D;
+            v8f a0 = splat(0.0f);
+            for (int c = 0; c < nv; c++) a0 += qg[c] * load8_i8(kr + 8 * c);
+            sg[j] = hsum(a0) * ks[j];
+        }
+        for (; j < CHUNK; j++) sg[j] = -INFINITY;
+    }
+}
+
+static void accumulate_chunk_i8(v8f *acc, const float *p, int G, int nv, const int8_t *vrows, const uint16_t *vscale,
+                                int n, int D) {
+    float vs[CHUNK];
+    for (int j = 0; j < n; j++) vs[j] = half_to_float(vscale[j]);
+    for (int g = 0; g < G; g++) {
+        v8f *ag = acc + g * nv;
+        const float *pg = p + g * CHUNK;
+        int c = 0;
+        for (; c + 8 <= nv; c += 8) {
+            v8f r0 = ag[c], r1 = ag[c + 1], r2 = ag[c + 2], r3 = ag[c + 3];
+            v8f r4 = ag[c + 4], r5 = ag[c + 5], r6 = ag[c + 6], r7 = ag[c + 7];
+            for (int j = 0; j < n; j++) {
+                const int8_t *vr = vrows + (int64_t)j * D + 8 * c;
+                v8f w = splat(pg[j] * vs[j]);
+                r0 += w * load8_i8(vr);      r1 += w * load8_i8(vr + 8);
+                r2 += w * load8_i8(vr + 16); r3 += w * load8_i8(vr + 24);
+                r4 += w * load8_i8(vr + 32); r5 += w * load8_i8(vr + 40);
+                r6 += w * load8_i8(vr + 48); r7 += w * load8_i8(vr + 56);
+            }
+            ag[c] = r0; ag[c + 1] = r1; ag[c + 2] = r2; ag[c + 3] = r3;
+            ag[c + 4] = r4; ag[c + 5] = r5; ag[c + 6] = r6; ag[c + 7] = r7;
+        }
+        for (; c < nv; c++) {
+            v8f r0 = ag[c];
+            for (int j = 0; j < n; j++) r0 += splat(pg[j] * vs[j]) * load8_i8(vrows + (int64_t)j * D + 8 * c);
+            ag[c] = r0;
+        }
+    }
+}
+
+static void decode_task_i8(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                           const int8_t *k, const int8_t *v, const uint16_t *k_scale, const uint16_t *v_scale,
+                           const int64_t *block_tables, const int64_t *seq_lens, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_dim, int64_t num_slots, int64_t max_blocks,
+                           int64_t block_size, float scale, float *out, int64_t out_row_stride,
+                           int64_t out_head_stride, int64_t task) {
+    const int G = (int)(num_heads / num_kv_heads), D = (int)head_dim, nv = D / 8;
+    const int64_t s = task / num_kv_heads, h = task % num_kv_heads, r = rows[s], length = seq_lens[s];
+    v8f qv[MAX_VECS], acc[MAX_VECS];
+    float m[MAX_GROUP], l[MAX_GROUP], sc[MAX_GROUP * CHUNK];
+    for (int g = 0; g < G; g++) {
+        const float *qg = q + r * q_row_stride + (h * G + g) * q_head_stride;
+        for (int c = 0; c < nv; c++) {
+            qv[g * nv + c] = load8(qg + 8 * c) * splat(scale);
+            acc[g * nv + c] = splat(0.0f);
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const int8_t *kh = k + h * num_slots * D, *vh = v + h * num_slots * D;
+    const uint16_t *ksh = k_scale + h * num_slots, *vsh = v_scale + h * num_slots;
+    const int64_t *table = block_tables + s * max_blocks;
+    for (int64_t t0 = 0; t0 < length; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_size;
+        const int64_t in_block = length - t0 < block_size ? length - t0 : block_size;
+        if (t0 + block_size < length) {  /* blocks are scattered: start the next one's loads early */
+            const int64_t next = table[t0 / block_size + 1] * block_size;
+            const int64_t rows_next = length - t0 - block_size < block_size ? length - t0 - block_size : block_size;
+            const char *kn = (const char *)(kh + next * D), *vn = (const char *)(vh + next * D);
+            for (int64_t off = 0; off < rows_next * D; off += 64) {
+                __builtin_prefetch(kn + off, 0, 3);
+                __builtin_prefetch(vn + off, 0, 3);
+            }
+        }
+        for (int64_t c0 = 0; c0 < in_block; c0 += CHUNK) {
+            const int n = (int)(in_block - c0 < CHUNK ? in_block - c0 : CHUNK);
+            const int64_t slot = base + c0;
+            score_chunk_i8(qv, G, nv, kh + slot * D, ksh + slot, n, D, sc);
+            softmax_chunk(sc, G, nv, m, l, acc);
+            accumulate_chunk_i8(acc, sc, G, nv, vh + slot * D, vsh + slot, n, D);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *og = out + r * out_row_stride + (h * G + g) * out_head_stride;
+        v8f inv = splat(1.0f / l[g]);
+        for (int c = 0; c < nv; c++) store8(og + 8 * c, acc[g * nv + c] * inv);
+    }
+}
+
+/* minillm_paged_decode over an int8 pool: the same arguments, with k and v int8 and their scales after them. The
+   shapes it takes are minillm_paged_decode_supports'. */
+void minillm_paged_decode_int8(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                               int64_t num_seqs, const int8_t *k, const int8_t *v, const uint16_t *k_scale,
+                               const uint16_t *v_scale, const int64_t *block_tables, const int64_t *seq_lens,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                               int64_t max_blocks, int64_t block_size, float scale, float *out,
+                               int64_t out_row_stride, int64_t out_head_stride, int num_threads) {
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t t = 0; t < num_seqs * num_kv_heads; t++)
+        decode_task_i8(q, q_row_stride, q_head_stride, rows, k, v, k_scale, v_scale, block_tables, seq_lens,
+                       num_heads, num_kv_heads, head_dim, num_slots, max_blocks, block_size, scale, out,
+                       out_row_stride, out_head_stride, t);
+}
