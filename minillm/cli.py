@@ -226,7 +226,7 @@ def _chat_loop(args, loaded, engine, params) -> int:
 
 # The bench-specific flags each bench reads (engine settings apply to all of them).
 BENCH_FLAGS = {
-    "decode": {"prompt_lens", "steps", "llama_bench"},
+    "decode": {"prompt_lens", "steps", "llama_bench", "repeat"},
     "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes",
                    "no_baseline", "repeat"},
     "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
@@ -275,21 +275,23 @@ def cmd_bench(args) -> int:
         raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
                          "--tensor-parallel-size / --pipeline-parallel-size")
     if args.what == "decode":
-        from minillm.bench.decode import (as_dict, check_llama_bench, format_decode_benches, run_decode_bench,
-                                          run_llama_bench)
+        from minillm.bench.decode import as_dict, check_llama_bench, format_decode_benches, run_decode_benches
         if args.llama_bench:
             check_llama_bench(args.llama_bench, args.model)
-        results = []
+        loads = []
         for q in quantizations:
             args.quantization = q
             config = engine_config(args)
-            results.append(run_decode_bench(load_with_status(args, config), config,
-                                            prompt_lens=tuple(args.prompt_lens), decode_steps=args.steps or 64))
-        peer = None
-        if args.llama_bench:
-            import torch
-            peer = run_llama_bench(args.llama_bench, results[0].path, args.threads or torch.get_num_threads(),
-                                   args.steps or 64)
+            loads.append((load_with_status(args, config), config))
+        import torch
+        peer_args = (args.llama_bench, args.threads or torch.get_num_threads()) if args.llama_bench else None
+        rounds = args.repeat or 1
+
+        def progress(done, total):
+            if total > 1 and not args.json:
+                print(f"[round {done}/{total}]", file=sys.stderr, flush=True)
+        results, peer = run_decode_benches(loads, tuple(args.prompt_lens), args.steps or 64, rounds, peer_args,
+                                           progress)
         if args.json:
             print(json.dumps({"runs": [as_dict(b) for b in results], "llama_cpp": peer}))
         else:
@@ -425,9 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
     b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
     b.add_argument("--repeat", type=int, default=None,
-                   help="spec/structured/throughput: rounds over every configuration, interleaved; each keeps its "
-                        "fastest (use 3 on a shared or noisy machine; default 1); prefix: runs per configuration "
-                        "(default 2)")
+                   help="decode/spec/structured/throughput: rounds over every configuration (and decode's "
+                        "--llama-bench), interleaved; each keeps its fastest (use 3 on a shared or noisy machine; "
+                        "default 1); prefix: runs per configuration (default 2)")
     b.set_defaults(func=cmd_bench)
     ap.bench_parser = b
 

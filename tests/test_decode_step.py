@@ -230,3 +230,59 @@ def test_a_non_contiguous_quantized_weight_is_made_contiguous(monkeypatch):
     assert layer.quant.qweight.is_contiguous() and torch.equal(layer.quant.qweight, q.qweight)
     cache, ids, pos, meta = _paged(model, [5], 8, 5)
     _assert_step_matches_layers(model, cache, ids, pos, meta, monkeypatch)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_team_splits_the_step_without_changing_a_bit(threads, monkeypatch):
+    """One OpenMP team runs the whole step (weight rows split over threads in groups of four, attention tasks
+    interleaved, spinning barriers between pieces; 3 threads on this 2-core machine also exercise the barrier's
+    yield). Every output element is computed by the same code whatever the split, so any thread count must give
+    the single thread's result bit for bit: a missing barrier or a split that drops or doubles rows breaks that."""
+    model = _model(11, kv_heads=2, spec="int4g64")
+    cache, ids, pos, meta = _paged(model, [17, 3, 30, 9, 0], 4, 11)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_cache = _twin(cache)
+        one = cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, one_cache, CpuAttentionBackend()))
+        torch.set_num_threads(threads)
+        for _ in range(3):
+            many_cache = _twin(cache)
+            many = cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, many_cache, CpuAttentionBackend()))
+            assert torch.equal(one, many)
+            assert torch.equal(one_cache.k, many_cache.k) and torch.equal(one_cache.v, many_cache.v)
+        _assert_step_matches_layers(model, _twin(cache), ids, pos, meta, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rows_outside_the_pool_or_vocabulary_are_refused_before_anything_is_written():
+    """The C step checks every row before it writes (it reads and writes through raw pointers)."""
+    model = _model(12)          # int8 embedding: the step looks the token rows up itself
+    cache, ids, pos, meta = _paged(model, [6, 2], 4, 6)
+    assert cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, _twin(cache), CpuAttentionBackend())) \
+        is not None
+    before = (cache.k.clone(), cache.v.clone())
+    blocks = cache.k.shape[2] // 4
+    cases = [
+        (ValueError, "seq_lens", AttentionMetadata([1, 1], [meta.block_tables.shape[1] * 4 + 1, 3], meta.slot_mapping,
+                                                   meta.block_tables, 4), ids),
+        (ValueError, "block table entry", AttentionMetadata([1, 1], meta.seq_lens, meta.slot_mapping,
+                                                            meta.block_tables.clone().fill_(blocks), 4), ids),
+        (IndexError, "vocabulary", meta, torch.tensor([int(ids[0]), 128])),
+    ]
+    for err, text, bad_meta, bad_ids in cases:
+        with pytest.raises(err, match=text):
+            cpu_decode.try_forward(model, bad_ids, pos, ForwardContext(bad_meta, cache, CpuAttentionBackend()))
+        assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
+
+
+def test_a_model_cast_back_and_forth_gets_a_new_plan(monkeypatch):
+    """model.to(dtype) gives the norms new storage: the cached C view (raw pointers) must not outlive it."""
+    model = _model(13)
+    cache, ids, pos, meta = _paged(model, [5], 8, 7)
+    _assert_step_matches_layers(model, _twin(cache), ids, pos, meta, monkeypatch)
+    model.to(torch.float64)
+    assert _declines(model, _twin(cache), ids, pos, meta)     # float64 norms: not the C step's math
+    model.to(torch.float32)
+    _assert_step_matches_layers(model, cache, ids, pos, meta, monkeypatch)

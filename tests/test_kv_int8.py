@@ -227,15 +227,18 @@ def test_triton_int8_kernel_interpreted_reads_the_pool():
     from minillm.kernels.triton_paged_attention import paged_attention_decode_triton, triton_available
     if not triton_available():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1 set before the kernel is imported (conftest sets it)")
+    import os
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     cache, q, tables, lens, dk, dv = scatter_case([5, 19], 4, 2, 16, 8, seed=3, magnitude=2.0)
     kc, vc = cache.layer(0)
     ks, vs = cache.layer_scale_views(0)
-    out = paged_attention_decode_triton(q, kc, vc, tables.to(torch.int32), lens.to(torch.int32), 0.25, ks, vs)
+    args = [t.to(dev) for t in (q, kc, vc, tables.to(torch.int32), lens.to(torch.int32))]
+    out = paged_attention_decode_triton(*args[:5], 0.25, ks.to(dev), vs.to(dev)).cpu()
     torch.testing.assert_close(out, dequantized_reference(cache, q, tables, lens, 0.25), atol=5e-5, rtol=1e-4)
     exact, tol = fp32_attention_and_bound(q, dk, dv, 0.25)
     assert ((out - exact).abs() <= tol).all()
     with pytest.raises(ValueError, match="needs k_scale and v_scale"):
-        paged_attention_decode_triton(q, kc, vc, tables.to(torch.int32), lens.to(torch.int32), 0.25)
+        paged_attention_decode_triton(*args[:5], 0.25)
 
 
 # ------------------------------------------------------------------------------------------------- the engine

@@ -203,6 +203,24 @@ def test_quantized_model_matches_its_dequantized_twin(linear, head, tie):
     assert float((got - want).abs().max()) < 1e-3 * float(want.abs().max())
 
 
+def test_moving_or_casting_a_quantized_model_keeps_quant_on_the_moved_buffers():
+    """module.to(...) moves registered buffers; the layer's QuantizedWeight must follow them (else a model moved to
+    a GPU would multiply with the CPU copies), and a dtype cast must leave the float16 scales float16 (the kernels
+    read their bits as such)."""
+    from tests.tiny_models import minillm_logits
+    model = _tiny(1, False).quantize_(QuantSpec("int4", 32), QuantSpec("int8"))
+    ids = [3, 17, 99, 5, 64, 2, 31]
+    before = minillm_logits(model, ids)
+    model.to(torch.float64).to(torch.float32)          # a lossless round trip for the float parameters
+    for _, m in model.quantizable():
+        qw = m.quant
+        assert qw.scales.dtype == torch.float16 and (qw.mins is None or qw.mins.dtype == torch.float16)
+        assert qw.qweight is m.qweight and qw.scales is m.scales and (qw.mins is None or qw.mins is m.mins)
+    assert torch.equal(minillm_logits(model, ids), before)
+    model.to("meta")
+    assert all(t.device.type == "meta" for _, m in model.quantizable() for t in m.quant.tensors())
+
+
 def test_quantized_engine_generates_like_the_dequantized_twin():
     """Greedy decode through the whole engine (paged KV, batching) with int4 layers = the float twin's tokens."""
     from minillm.engine.llm_engine import LLMEngine

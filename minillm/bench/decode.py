@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -31,6 +31,7 @@ class DecodeBench:
     bound_ms_per_token: float
     ratio: float  # measured / bound: 1.0 would be perfectly bandwidth-bound
     decode_step: str = "layers"   # "fused C" when the decode steps ran as one C call (kernels/cpu_decode.py)
+    decode_ms_rounds: list[float] = field(default_factory=list)   # one per --repeat round; decode_ms_per_token: best
 
 
 def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -84,27 +85,63 @@ def time_decode(engine: LLMEngine, steps: int = 64) -> float:
 
 def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(128, 512),
                      decode_steps: int = 64) -> DecodeBench:
-    config = config if config is not None else EngineConfig()
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config)
-    too_long = [n for n in prompt_lens if n >= engine.max_model_len]
-    if too_long:
-        raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
-                         f"within {engine.max_model_len} positions (the model's context or the KV pool)")
-    prefill = {n: time_prefill(engine, n) for n in prompt_lens}
+    return run_decode_benches([(loaded, config)], prompt_lens, decode_steps)[0][0]
+
+
+def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 64, rounds: int = 1,
+                       llama_bench: tuple[str, int] | None = None, progress=None) -> tuple[list[DecodeBench], dict | None]:
+    """One DecodeBench per (loaded model, config), and llama.cpp's decode speed when `llama_bench` = (binary,
+    threads) is given. With rounds > 1 the decode timings of every model and llama-bench alternate round by round
+    (a shared machine's speed drifts by tens of percent within minutes): each keeps its fastest round, and the
+    per-round numbers are kept so a ratio can be taken within each round."""
+    engines, results = [], []
+    for loaded, config in loads:
+        config = config if config is not None else EngineConfig()
+        engine = LLMEngine(loaded.model, loaded.tokenizer, config)
+        too_long = [n for n in prompt_lens if n >= engine.max_model_len]
+        if too_long:
+            raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
+                             f"within {engine.max_model_len} positions (the model's context or the KV pool)")
+        engines.append((loaded, config, engine, {n: time_prefill(engine, n) for n in prompt_lens}))
     from minillm.kernels import cpu_decode
-    fused_before = cpu_decode.FUSED_STEPS
-    decode_ms = time_decode(engine, decode_steps)
-    step = "fused C" if cpu_decode.FUSED_STEPS > fused_before else "layers"
+    rounds_ms: list[list[float]] = [[] for _ in engines]
+    steps_fused = [False] * len(engines)
+    peer_rounds: list[dict] = []
+    for r in range(rounds):
+        for i, (_, _, engine, _) in enumerate(engines):
+            fused_before = cpu_decode.FUSED_STEPS
+            rounds_ms[i].append(time_decode(engine, decode_steps))
+            steps_fused[i] = steps_fused[i] or cpu_decode.FUSED_STEPS > fused_before
+        if llama_bench is not None:
+            peer_rounds.append(run_llama_bench(llama_bench[0], loads[0][0].path, llama_bench[1], decode_steps))
+        if progress is not None:
+            progress(r + 1, rounds)
     bw = measure_bandwidth()
-    wbytes = loaded.model.weight_bytes()
-    bound_ms = 1000 * wbytes / bw
     from minillm.quant.policy import describe
-    return DecodeBench(model=str(loaded.path.name), path=str(loaded.path),
-                       quantization=f"{config.quantization}: {describe(loaded.model)}",
-                       dtype=str(loaded.model.dtype).removeprefix("torch."),
-                       threads=torch.get_num_threads(), prefill_tok_s=prefill, decode_ms_per_token=decode_ms,
-                       bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes, bound_ms_per_token=bound_ms,
-                       ratio=decode_ms / bound_ms, decode_step=step)
+    for (loaded, config, engine, prefill), ms, fused in zip(engines, rounds_ms, steps_fused):
+        wbytes = loaded.model.weight_bytes()
+        bound_ms = 1000 * wbytes / bw
+        best = min(ms)
+        results.append(DecodeBench(model=str(loaded.path.name), path=str(loaded.path),
+                                   quantization=f"{config.quantization}: {describe(loaded.model)}",
+                                   dtype=str(loaded.model.dtype).removeprefix("torch."),
+                                   threads=torch.get_num_threads(), prefill_tok_s=prefill, decode_ms_per_token=best,
+                                   bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes,
+                                   bound_ms_per_token=bound_ms, ratio=best / bound_ms,
+                                   decode_step="fused C" if fused else "layers", decode_ms_rounds=ms))
+    peer = None
+    if peer_rounds:
+        peer = dict(peer_rounds[0])
+        peer["tg_tok_s_rounds"] = [p["tg_tok_s"] for p in peer_rounds]
+        peer["tg_tok_s"] = max(peer["tg_tok_s_rounds"])
+    return results, peer
+
+
+def speed_ratios(b: DecodeBench, peer: dict) -> tuple[float, float]:
+    """minillm's decode tokens/s over llama.cpp's: (best round over best round, median of the per-round ratios)."""
+    best = 1000 / b.decode_ms_per_token / peer["tg_tok_s"]
+    per_round = [1000 / ms / tg for ms, tg in zip(b.decode_ms_rounds, peer.get("tg_tok_s_rounds", [peer["tg_tok_s"]]))]
+    return best, statistics.median(per_round)
 
 
 def format_decode_bench(b: DecodeBench) -> str:
@@ -113,7 +150,9 @@ def format_decode_bench(b: DecodeBench) -> str:
         lines.append(f"prefill  {n:4d}-token prompt : {v:8.1f} tok/s")
     lines += [
         f"decode   batch 1           : {b.decode_ms_per_token:8.2f} ms/token ({1000 / b.decode_ms_per_token:.1f} tok/s)"
-        f"  [{b.decode_step}]",
+        f"  [{b.decode_step}]" + (f", best of {len(b.decode_ms_rounds)} rounds: "
+                                  + ", ".join(f"{ms:.2f}" for ms in b.decode_ms_rounds)
+                                  if len(b.decode_ms_rounds) > 1 else ""),
         f"memory bandwidth (copy)    : {b.bandwidth_gb_s:8.2f} GB/s",
         f"weight bytes per token     : {b.weight_bytes_per_token / 1e6:8.1f} MB",
         f"roofline bound             : {b.bound_ms_per_token:8.2f} ms/token  (weight bytes / bandwidth)",
@@ -139,9 +178,14 @@ def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None
     if llama_cpp is not None:
         lines.append(f"{'llama.cpp (' + llama_cpp['name'] + ')':34s} {'':9s} {'':9s} "
                      f"{1000 / llama_cpp['tg_tok_s']:9.2f} {llama_cpp['tg_tok_s']:7.1f}")
+        n = len(llama_cpp.get("tg_tok_s_rounds", [0]))
         for b in runs:
-            lines.append(f"minillm {b.quantization.split(':')[0]} / llama.cpp decode tok/s: "
-                         f"{1000 / b.decode_ms_per_token / llama_cpp['tg_tok_s']:.2f}x")
+            best, median = speed_ratios(b, llama_cpp)
+            lines.append(f"minillm {b.quantization.split(':')[0]} / llama.cpp decode tok/s: {best:.2f}x"
+                         + (f" (best round of {n} each; median of the per-round ratios {median:.2f}x, rounds "
+                            + ", ".join(f"{ms:.2f}/{1000 / tg:.2f}" for ms, tg in zip(b.decode_ms_rounds,
+                                                                                  llama_cpp["tg_tok_s_rounds"]))
+                            + " ms/token)" if n > 1 else ""))
     return "\n".join(lines)
 
 

@@ -63,7 +63,8 @@ def load() -> ctypes.CDLL | None:
     except (RuntimeError, OSError) as e:
         warnings.warn(f"fused C decode step unavailable, running the layers: {e}", RuntimeWarning)
         return None
-    lib.minillm_decode_step.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P, _I, ctypes.c_int]
+    lib.minillm_decode_step.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P, _I,
+                                        ctypes.c_int]
     lib.minillm_decode_step.restype = ctypes.c_int
     return lib
 
@@ -90,20 +91,34 @@ def _qlinear(module) -> _QLinear | None:
 
 @dataclass
 class _Plan:
-    """The C view of a model's layers, valid while `refs` (the quantized weights and norms it points into) are the
-    ones the modules hold."""
-    refs: list
+    """The C view of a model's layers, and what it was built from: `valid()` says, cheaply, whether the model still
+    holds exactly that (the same module objects, no hooks, the same quantized weights and norm storage)."""
     layers: ctypes.Array
     dims: _Dims
     final_norm: torch.Tensor
+    embed: _QLinear | None        # the quantized embedding the step looks tokens up in (None: torch does it)
+    embed_ref: object             # the QuantizedWeight behind `embed` (or None)
+    children: list                # (module dict, key, module) the plan was built from
+    hook_dicts: list              # the forward (pre-)hook dicts of those modules: all empty
+    quants: list                  # (layer, QuantizedWeight) pairs
+    norms: list                   # (Parameter, data_ptr, dtype) of the norms
+
+    def valid(self, model) -> bool:
+        # ~270 modules checked every step: plain dict lookups and identity tests, no nn.Module.__getattr__ (the
+        # step runs with caches cold from streaming the weights, where the first version of this took ~0.5 ms)
+        return (all(d.get(k) is m for d, k, m in self.children) and not any(self.hook_dicts)
+                and all(layer.__dict__.get("quant") is q for layer, q in self.quants)
+                and all(p.data_ptr() == ptr and p.dtype == dt for p, ptr, dt in self.norms)
+                and _embed_quant(model) is self.embed_ref)
 
 
 _plans: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDictionary()
 
+_NAMES = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+
 
 def _modules(model) -> list | None:
-    """The modules the fused step replaces, or None if any is not exactly minillm's own class, or hooked. Runs every
-    step, so it reads the module dicts directly (nn.Module.__getattr__ costs ~1 us a lookup: ~1 ms a step here)."""
+    """The modules the fused step replaces, or None if any is not exactly minillm's own class, or hooked."""
     from minillm.layers.norm import RMSNorm
     from minillm.models.llama import MLP, Attention, DecoderLayer
     from minillm.parallel.layers import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -122,19 +137,17 @@ def _modules(model) -> list | None:
     return out
 
 
-def _refs(mods: list) -> list:
-    return [r for (_, _, _, n1, qkv, o, n2, gu, d) in mods for r in (n1._parameters["weight"], n2._parameters["weight"],
-                                                                      qkv.quant, o.quant, gu.quant, d.quant)]
+def _embed_quant(model):
+    e = model._modules.get("embed_tokens")
+    return None if e is None else e.__dict__.get("quant")
 
 
-def _plan(model) -> _Plan | None:
+def _build(model) -> _Plan | None:
+    from minillm.layers.norm import RMSNorm
     mods = _modules(model)
-    if mods is None or model.norm is None or type(model.norm).__name__ != "RMSNorm":
+    norm = model._modules.get("norm")
+    if mods is None or type(norm) is not RMSNorm:
         return None
-    refs = _refs(mods)
-    cached = _plans.get(model)
-    if cached is not None and len(cached.refs) == len(refs) and all(a is b for a, b in zip(cached.refs, refs)):
-        return cached
     layers = (_Layer * len(mods))()
     for i, (_, attn, _, n1, qkv, o, n2, gu, d) in enumerate(mods):
         ql = [_qlinear(x) for x in (qkv, o, gu, d)]
@@ -142,13 +155,40 @@ def _plan(model) -> _Plan | None:
         if any(q is None for q in ql) or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms):
             return None
         layers[i] = _Layer(n1.weight.data_ptr(), n2.weight.data_ptr(), *ql)
-    cfg, a0 = model.cfg, mods[0][1]
-    dims = _Dims(cfg.hidden_size, cfg.intermediate_size, a0.num_heads, a0.num_kv_heads, a0.head_dim,
-                 model.norm.eps, a0.scale)
-    if any(n.eps != model.norm.eps for (_, _, _, n1, _, _, n2, _, _) in mods for n in (n1, n2)):
+    if norm.weight.dtype != torch.float32 or any(n.eps != norm.eps for (_, _, _, n1, _, _, n2, _, _) in mods
+                                                 for n in (n1, n2)):
         return None
-    plan = _Plan(refs, layers, dims, model.norm.weight)
-    _plans[model] = plan
+    cfg, a0 = model.cfg, mods[0][1]
+    dims = _Dims(cfg.hidden_size, cfg.intermediate_size, a0.num_heads, a0.num_kv_heads, a0.head_dim, norm.eps,
+                 a0.scale)
+    embed_ref = _embed_quant(model)
+    embed = _qlinear(model.embed_tokens) if embed_ref is not None and model.embed_tokens.tp_size == 1 else None
+    children = [(model._modules, "layers", model.layers), (model._modules, "norm", norm),
+                (model._modules, "embed_tokens", model.embed_tokens)]
+    children += [(model.layers._modules, k, v) for k, v in model.layers._modules.items()]
+    for mod in mods:
+        layer, attn, mlp = mod[:3]
+        children += [(layer._modules, k, layer._modules[k]) for k in _NAMES]
+        children += [(attn._modules, k, attn._modules[k]) for k in ("qkv_proj", "o_proj")]
+        children += [(mlp._modules, k, mlp._modules[k]) for k in ("gate_up_proj", "down_proj")]
+    hooked = [m for mod in mods for m in mod] + [norm]
+    hook_dicts = [d for m in hooked for d in (m._forward_hooks, m._forward_pre_hooks)]
+    quants = [(m, m.quant) for mod in mods for m in (mod[4], mod[5], mod[7], mod[8])]
+    norms = [(p, p.data_ptr(), p.dtype) for mod in mods for p in (mod[3].weight, mod[6].weight)]
+    norms.append((norm.weight, norm.weight.data_ptr(), norm.weight.dtype))
+    return _Plan(layers, dims, norm.weight, embed, embed_ref if embed is not None else None, children, hook_dicts,
+                 quants, norms)
+
+
+def _plan(model) -> _Plan | None:
+    cached = _plans.get(model)
+    if cached is not None and cached.valid(model):
+        return cached
+    plan = _build(model)
+    if plan is not None:
+        _plans[model] = plan
+    else:
+        _plans.pop(model, None)
     return plan
 
 
@@ -156,15 +196,27 @@ def _applies(model, input_ids: torch.Tensor, ctx) -> bool:
     from minillm.layers.attention import CpuAttentionBackend
     meta, cache = ctx.meta, ctx.cache
     n = input_ids.numel()
+    k, v = cache.k, cache.v
     if not (0 < n < cpu_qgemm.BATCHED_MIN_ROWS and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
-            and model.comm.world_size == 1 and model.is_first and model.is_last and model.dtype == torch.float32
+            and model.comm.world_size == 1 and model.is_first and model.is_last
             and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
-            and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
-            and cache.k.is_contiguous() and cache.v.is_contiguous() and cache.k.shape[0] == len(model.layers)):
+            and k.dtype == torch.float32 and v.dtype == torch.float32 and k.device.type == "cpu"
+            and k.is_contiguous() and v.is_contiguous() and k.shape[0] == len(model.layers._modules)):
         return False
     attn = cpu_native.load()
-    a0 = model.layers[0].self_attn
-    return attn is not None and bool(attn.minillm_paged_decode_supports(a0.num_heads // a0.num_kv_heads, a0.head_dim))
+    a0 = model.layers._modules["0"]._modules["self_attn"]
+    return attn is not None and bool(_supports(attn, a0.num_heads // a0.num_kv_heads, a0.head_dim))
+
+
+@functools.lru_cache(maxsize=None)
+def _supports(attn, group: int, head_dim: int) -> bool:
+    return bool(attn.minillm_paged_decode_supports(group, head_dim))
+
+
+_ERRORS = {-2: (IndexError, "slot_mapping has a slot outside the KV pool's {slots} slots"),
+           -3: (ValueError, "seq_lens must be in 1..{width} (block table width x block_size), got {lens}"),
+           -4: (ValueError, "a block table entry is outside the pool's {blocks} blocks"),
+           -5: (IndexError, "a token id is outside the vocabulary (0..{vocab})")}
 
 
 def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor | None:
@@ -176,25 +228,32 @@ def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) ->
     plan = _plan(model) if lib is not None else None
     if plan is None:
         return None
-    from minillm.kernels.cpu_paged_attention import check_tables
     meta, cache = ctx.meta, ctx.cache
     num_slots = cache.k.shape[2]
     lens = torch.tensor(meta.seq_lens, dtype=torch.int64)
     tables = meta.block_tables.to(torch.int64).contiguous()
     slots = meta.slot_mapping.to(torch.int64).contiguous()
-    check_tables(tables, lens, meta.block_size, num_slots)
-    if int(slots.min()) < 0 or int(slots.max()) >= num_slots:
-        raise IndexError(f"slot_mapping {slots.tolist()} outside the KV pool's {num_slots} slots")
+    ids = input_ids.to(torch.int64).contiguous()
     ctx.cos, ctx.sin = model.rotary.cos_sin(positions, meta.query_lens, meta.seq_lens)
     cos, sin = ctx.cos.float().contiguous(), ctx.sin.float().contiguous()
-    x = model.embed_tokens(input_ids).float().contiguous().clone()
-    rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ctypes.addressof(plan.layers), len(plan.layers),
-                                 ctypes.byref(plan.dims), plan.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+    if plan.embed is not None:    # the step dequantizes the token rows itself
+        x = torch.empty(ids.numel(), plan.dims.hidden)
+    else:
+        x = model.embed_tokens(input_ids).float().contiguous().clone()
+    rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
+                                 ctypes.byref(plan.embed) if plan.embed is not None else None,
+                                 ctypes.addressof(plan.layers), len(plan.layers), ctypes.byref(plan.dims),
+                                 plan.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  cache.k.data_ptr(), cache.v.data_ptr(), num_slots, slots.data_ptr(),
                                  tables.data_ptr(), tables.shape[1], lens.data_ptr(), meta.block_size,
                                  torch.get_num_threads())
-    if rc != 0:
+    if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
+    if rc in _ERRORS:
+        err, text = _ERRORS[rc]
+        raise err(text.format(slots=num_slots, width=tables.shape[1] * meta.block_size, lens=meta.seq_lens,
+                              blocks=num_slots // meta.block_size, vocab=model.cfg.vocab_size - 1)
+                  + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
     global FUSED_STEPS
     FUSED_STEPS += 1
     return x

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,38 +32,67 @@ except ImportError:  # pragma: no cover - triton ships with the project's requir
     _HAS_TRITON = False
 
 KERNEL_NAME = "qgemm_kernel"
-BLOCK_M, BLOCK_N = 16, 32
 
 if _HAS_TRITON:
     @triton.jit
+    def _per_block(q, s, mn, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """q [BLOCK_N, BLOCK_K / 2] (a half-tile: 16 columns per quantization block) times its blocks' scales s
+        [BLOCK_N, BLOCK_K / 32] (+ their minimums mn), each broadcast over its block's 16 columns: one load per
+        block, not per element."""
+        w3 = tl.reshape(q, (BLOCK_N, BLOCK_K // 32, 16)) * s[:, :, None]
+        if HAS_MIN:
+            w3 = w3 + mn[:, :, None]
+        return tl.reshape(w3, (BLOCK_N, BLOCK_K // 2))
+
+    @triton.jit
     def qgemm_kernel(x_ptr, w_ptr, scales_ptr, mins_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
-                     GROUP: tl.constexpr, INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     GROUP: tl.constexpr, INT4: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, IEEE: tl.constexpr):
         rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        half = tl.arange(0, 16)
         m_ok, n_ok = rm < M, rn < N
+        # A tile of BLOCK_K columns is BLOCK_K / 32 quantization blocks. Column j of a half-tile is lane j % 16 of
+        # block j // 16: its low half (int4: the byte's low nibble) is element lo[j], its high half element lo[j] + 16.
+        j = tl.arange(0, BLOCK_K // 2)
+        lo = (j // 16) * 32 + j % 16
+        blk = tl.arange(0, BLOCK_K // 32)
         ng = K // GROUP
+        # dequantize in the activations' dtype for fp16 (the tensor cores take fp16 anyway), else in float32
+        cdt = tl.float16 if x_ptr.dtype.element_ty == tl.float16 else tl.float32
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for b in range(0, K // 32):
-            k0 = b * 32
-            g = k0 // GROUP
-            xs = x_ptr + rm[:, None] * stride_xm + k0 + half[None, :]
-            x_lo = tl.load(xs, mask=m_ok[:, None], other=0.0)
-            x_hi = tl.load(xs + 16, mask=m_ok[:, None], other=0.0)
-            s = tl.load(scales_ptr + rn * ng + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        for t in range(tl.program_id(2), tl.cdiv(K, BLOCK_K), SPLIT_K):   # split-K: every SPLIT_K-th tile
+            k_lo = t * BLOCK_K + lo
+            k_ok = k_lo < K
+            wmask = n_ok[:, None] & k_ok[None, :]
+            xs = x_ptr + rm[:, None] * stride_xm + k_lo[None, :]
+            xmask = m_ok[:, None] & k_ok[None, :]
+            x_lo = tl.load(xs, mask=xmask, other=0.0)
+            x_hi = tl.load(xs + 16, mask=xmask, other=0.0)
+            k_blk = t * BLOCK_K + blk * 32
+            smask = n_ok[:, None] & (k_blk < K)[None, :]
+            gs = rn[:, None] * ng + (k_blk // GROUP)[None, :]     # [BLOCK_N, BLOCK_K / 32]: each block's group
+            s = tl.load(scales_ptr + gs, mask=smask, other=0.0).to(cdt)
             if INT4:
-                byte = tl.load(w_ptr + rn[:, None] * (K // 2) + b * 16 + half[None, :], mask=n_ok[:, None], other=0)
-                mn = tl.load(mins_ptr + rn * ng + g, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-                w_lo = (byte & 0xF).to(tl.float32) * s + mn
-                w_hi = (byte >> 4).to(tl.float32) * s + mn
+                byte = tl.load(w_ptr + rn[:, None] * (K // 2) + t * (BLOCK_K // 2) + j[None, :], mask=wmask, other=0)
+                mn = tl.load(mins_ptr + gs, mask=smask, other=0.0).to(cdt)
+                w_lo = _per_block((byte & 0xF).to(cdt), s, mn, True, BLOCK_N, BLOCK_K)
+                w_hi = _per_block((byte >> 4).to(cdt), s, mn, True, BLOCK_N, BLOCK_K)
             else:
-                ws = w_ptr + rn[:, None] * K + k0 + half[None, :]
-                w_lo = tl.load(ws, mask=n_ok[:, None], other=0).to(tl.float32) * s
-                w_hi = tl.load(ws + 16, mask=n_ok[:, None], other=0).to(tl.float32) * s
-            acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
-            acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
-        tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
+                ws = w_ptr + rn[:, None] * K + k_lo[None, :]
+                w_lo = _per_block(tl.load(ws, mask=wmask, other=0).to(cdt), s, s, False, BLOCK_N, BLOCK_K)
+                w_hi = _per_block(tl.load(ws + 16, mask=wmask, other=0).to(cdt), s, s, False, BLOCK_N, BLOCK_K)
+            if IEEE:   # float32 activations: full-precision products, not TF32's 10-bit mantissas
+                acc += tl.dot(x_lo, tl.trans(w_lo), input_precision="ieee")
+                acc += tl.dot(x_hi, tl.trans(w_hi), input_precision="ieee")
+            else:
+                acc += tl.dot(x_lo, tl.trans(w_lo.to(x_lo.dtype)))
+                acc += tl.dot(x_hi, tl.trans(w_hi.to(x_hi.dtype)))
+        ys = y_ptr + rm[:, None] * stride_ym + rn[None, :]
+        ymask = m_ok[:, None] & n_ok[None, :]
+        if SPLIT_K == 1:
+            tl.store(ys, acc.to(y_ptr.dtype.element_ty), mask=ymask)
+        else:   # y is a zeroed float32 buffer the K-slices add into
+            tl.atomic_add(ys, acc, mask=ymask)
 
 
 def triton_available() -> bool:
@@ -70,20 +100,58 @@ def triton_available() -> bool:
     return _HAS_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def qlinear_triton(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """x [..., K] times the quantized [N, K] matrix -> [..., N] in x's dtype, through the Triton kernel."""
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch of the kernel: tile sizes (BLOCK_K a multiple of 32, the quantization block) and how many programs
+    share the K dimension (split_k > 1 adds their partial sums into a float32 buffer with atomics)."""
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+
+
+def tile_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
+    """The launch for an [m, k] x [n, k]^T product. Few rows (decode) are bound by streaming W: small row tiles and
+    enough K-slices for ~8 programs per SM (n / 64 tiles alone leave most of an H100's 132 SMs idle on a 4096-wide
+    layer; on an H200, 6144x4096 int4 at 1 row: 2 slices 94 us, 16 slices 33 us). Many rows (prefill) are bound by
+    the tensor cores' work: bigger tiles, no split."""
+    if m <= 16:
+        tiles = -(-n // 64)
+        split = max(1, min(-(-k // 128), (8 * num_sms) // tiles))
+        return TileConfig(16, 64, 128, split)
+    if m <= 64:
+        return TileConfig(32 if m <= 32 else 64, 64, 64)
+    return TileConfig(64, 128, 64, num_warps=8)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4   # the interpreter: a few K-slices, so split-K runs in the tests too
+
+
+def qlinear_triton(x: torch.Tensor, qw: QuantizedWeight, config: TileConfig | None = None) -> torch.Tensor:
+    """x [..., K] times the quantized [N, K] matrix -> [..., N] in x's dtype, through the Triton kernel (`config`
+    overrides tile_config's choice: tests and tools/bench_gpu_qgemm.py)."""
     n, k = qw.shape
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
-    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    if x2.shape[0]:
-        grid = (triton.cdiv(x2.shape[0], BLOCK_M), triton.cdiv(n, BLOCK_N))
+    m = x2.shape[0]
+    c = config or tile_config(m, n, k, _num_sms(x.device))
+    if c.block_k % 32 or c.block_m < 16 or c.block_n < 16 or c.split_k < 1:
+        raise ValueError(f"{c}: block_k must be a multiple of 32, block_m and block_n at least 16, split_k >= 1")
+    split = c.split_k > 1
+    y = (torch.zeros if split else torch.empty)(m, n, dtype=torch.float32 if split else x.dtype, device=x.device)
+    if m:
+        grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), c.split_k)
         qgemm_kernel[grid](x2, qw.qweight, qw.scales, qw.mins if qw.mins is not None else qw.scales, y,
-                           x2.shape[0], n, k, x2.stride(0), y.stride(0), GROUP=qw.group_size,
-                           INT4=qw.kind == "int4", BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    return y.view(*lead, n)
+                           m, n, k, x2.stride(0), y.stride(0), GROUP=qw.group_size, INT4=qw.kind == "int4",
+                           BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
+                           IEEE=x2.dtype == torch.float32, num_warps=c.num_warps)
+    return y.to(x.dtype).view(*lead, n)
 
 
 def qlinear_cuda(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
@@ -99,28 +167,33 @@ def qlinear_cuda(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 _ELT = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 
 
-def _compile(arch: int, dtype: str, kind: str) -> dict:
+def _compile(arch: int, dtype: str, kind: str, rows: int = 1) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     elt = _ELT[dtype]
     signature = {"x_ptr": f"*{elt}", "w_ptr": "*u8" if kind == "int4" else "*i8", "scales_ptr": "*fp16",
                  "mins_ptr": "*fp16", "y_ptr": f"*{elt}", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
                  "stride_ym": "i32", "GROUP": "constexpr", "INT4": "constexpr", "BLOCK_M": "constexpr",
-                 "BLOCK_N": "constexpr"}
-    constexprs = {"GROUP": 32, "INT4": kind == "int4", "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}
+                 "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPLIT_K": "constexpr", "IEEE": "constexpr"}
+    c = tile_config(rows, 4096, 4096, 132)     # the launch a 4096-wide layer gets on an H100 at `rows` rows
+    if c.split_k > 1:   # the split-K launch adds into a float32 buffer
+        signature["y_ptr"] = "*fp32"
+    constexprs = {"GROUP": 32, "INT4": kind == "int4", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n,
+                  "BLOCK_K": c.block_k, "SPLIT_K": c.split_k, "IEEE": dtype == "fp32"}
     attrs = {(list(signature).index(n),): [["tt.divisibility", 16]] for n in signature if n.endswith("_ptr")}
     src = ASTSource(fn=qgemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    asm = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4}).asm
+    asm = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": c.num_warps}).asm
     return {"ptx": asm["ptx"], "cubin_bytes": len(asm["cubin"])}
 
 
 def aot_compile(jobs: list[tuple[int, str, str]]) -> dict:
-    """Compile the kernel for each (arch, activation dtype, weight kind), e.g. (90, "bf16", "int4"):
+    """Compile the kernel for each (arch, activation dtype, weight kind[, rows]), e.g. (90, "bf16", "int4", 1), with
+    the launch tile_config gives a 4096-wide layer at that many rows (1: split-K decode; 256: prefill tiles):
     {job: {"ptx": str, "cubin_bytes": int}}. In a process that runs the interpreter, one child process without
     TRITON_INTERPRET compiles them all."""
     if not _HAS_TRITON:
         raise RuntimeError("triton is not installed")
-    jobs = [(int(a), str(d), str(k)) for a, d, k in jobs]
+    jobs = [(int(j[0]), str(j[1]), str(j[2]), int(j[3]) if len(j) > 3 else 1) for j in jobs]
     if os.environ.get("TRITON_INTERPRET") != "1":
         return {job: _compile(*job) for job in jobs}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -112,13 +112,14 @@ class RotaryEmbedding(nn.Module):
             if query_lens is None or seq_lens is None:
                 query_lens, seq_lens = [positions.numel()], [need]
             inv_freq = torch.cat([self._dynamic_inv_freq(int(s)).expand(int(q), -1)
-                                  for q, s in zip(query_lens, seq_lens)])
+                                  for q, s in zip(query_lens, seq_lens)]).to(positions.device)
             freqs = positions.float()[:, None] * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos(), emb.sin()
-        if self._cache is None or self._cache[0] < need:
+        if self._cache is None or self._cache[0] < need or self._cache[1].device != positions.device:
             n = max(need, min(self.max_position, 4096))
-            freqs = torch.arange(n, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+            inv_freq = self.inv_freq.to(positions.device)
+            freqs = torch.arange(n, dtype=torch.float32, device=positions.device)[:, None] * inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cache = (n, emb.cos() * self.attention_factor, emb.sin() * self.attention_factor)
         _, cos, sin = self._cache

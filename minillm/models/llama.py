@@ -121,6 +121,8 @@ class LlamaModel(nn.Module):
                 return fused
         ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = self.embed_tokens(input_ids) if hidden is None else hidden
+        if self.layers:   # a quantized embedding dequantizes to float32: run the layers in the model's dtype
+            x = x.to(self.layers[0].input_layernorm.weight.dtype)
         for layer in self.layers:
             x = layer(x, ctx)
         return self.norm(x) if self.is_last else x

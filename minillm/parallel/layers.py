@@ -112,6 +112,22 @@ class Quantizable:
             if t is not None:
                 self.register_buffer(name, t)
 
+    def _apply(self, fn, recurse: bool = True):
+        """module.to(device) / .cuda() / .half() move the registered buffers; `quant` must then hold the moved
+        tensors, not the old ones. Scales and minimums are float16 by the format's definition (the kernels read
+        their bits as such), so a dtype cast of the module leaves them float16; the batched-step copies are
+        dropped (they belong to the old device)."""
+        out = super()._apply(fn, recurse)
+        qw = self.quant
+        if qw is not None:
+            def buf(name):
+                t = self._buffers.get(name)
+                return None if t is None else (t.half() if name != "qweight" and t.dtype != torch.float16 else t)
+            moved = QuantizedWeight(qw.kind, buf("qweight"), buf("scales"), buf("mins"), qw.group_size, qw.act)
+            if not all(a is b for a, b in zip(moved.tensors(), qw.tensors())):
+                self.set_quantized(moved)
+        return out
+
     def quantize_(self, spec: QuantSpec, quantizer=None) -> None:
         """Quantize this layer's float weight in place (`quantizer(weight, spec)`, default round to nearest). The
         result is checked: a quantizer must return a QuantizedWeight of this layer's shape."""

@@ -121,6 +121,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """logits [B, V] -> one token per row (and logprobs for the rows that ask)."""
+        if all(p.greedy for p in batch.params):
+            # every row's distribution is one-hot on its argmax: take it without building [B, V] of probabilities
+            # (a batch-1 decode step spent ~0.6 ms there, ~7 % of the step)
+            tokens = self.penalized(logits, batch).argmax(-1)
+            return SamplerOutput(tokens.tolist(), self.logprobs(logits, tokens, batch))
         probs = self.probs(logits, batch)
         greedy = [p.greedy for p in batch.params]
         tokens = probs.argmax(-1)

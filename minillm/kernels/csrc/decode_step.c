@@ -8,25 +8,47 @@
      a = paged attention(q, pool);  x += a W_o^T;  h = rms_norm(x) * w_post;  [g, u] = h W_gu^T;
      x += (silu(g) * u) W_down^T
 
-   and then the final norm. The matmuls are the same minillm_qgemm (qgemm.c) and the attention the same
-   minillm_paged_decode (paged_decode.c) the layers call, so they give the same numbers; the norms, RoPE and SiLU are
-   plain loops that differ from torch's only in float rounding (tests/test_decode_step.py states by how much).
+   and then the final norm. The matmuls are the same qgemm.c row loops and the attention the same paged_decode.c
+   task the layers call, so they give the same numbers; the norms, RoPE and SiLU are plain loops that differ from
+   torch's only in float rounding (tests/test_decode_step.py states by how much).
+
+   Threads: one OpenMP team for the whole step, not one per matmul. A step is ~150 small parallel pieces (four
+   matmuls and the attention per layer, 30-100 us each at batch 1); entering an OpenMP region for each let the
+   workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
+   wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (six per
+   layer). Every thread keeps its own copy of the residual stream and quantizes each matmul's input itself (a few
+   microseconds, cheaper than another barrier): the copies are bitwise equal, being the same code on the same
+   inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
+   and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
 
    The Python side (kernels/cpu_decode.py) decides when this applies (decode-only steps of a few rows, every linear
    quantized, float32, one rank, the C attention kernel) and falls back to the layers otherwise. */
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
-int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stride, const void *w,
-                  const uint16_t *scales, const uint16_t *mins, int64_t N, int64_t G, float *y, int64_t y_stride,
-                  int nthreads);
-void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
-                          int64_t num_seqs, const float *k, const float *v, const int64_t *block_tables,
-                          const int64_t *seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                          int64_t num_slots, int64_t max_blocks, int64_t block_size, float scale, float *out,
-                          int64_t out_row_stride, int64_t out_head_stride, int num_threads);
+void minillm_qgemm_quantize(const float *x, int64_t M, int64_t K, int64_t x_stride, int64_t G, int16_t *aq,
+                            float *ad, float *as, float *gs);
+void minillm_qgemm_rows(int kind, int64_t M, int64_t K, const void *w, const uint16_t *scales, const uint16_t *mins,
+                        int64_t G, const int16_t *aq, const float *ad, const float *gs, int64_t n0, int64_t n1,
+                        float *y, int64_t y_stride);
+void minillm_dequant_row(int kind, const void *w_row, const uint16_t *scales_row, const uint16_t *mins_row, int64_t K,
+                         int64_t G, float *o);
+void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                               const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                               int64_t max_blocks, int64_t block_size, float scale, float *out,
+                               int64_t out_row_stride, int64_t out_head_stride, int64_t task);
 
 /* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4). */
 typedef struct {
@@ -45,9 +67,6 @@ typedef struct {
     float eps, scale;
 } mll_dims;
 
-static int matmul(const mll_qlinear *l, const float *x, int64_t M, float *y, int nthreads) {
-    return minillm_qgemm((int)l->kind, x, M, l->k, l->k, l->w, l->scales, l->mins, l->n, l->group, y, l->n, nthreads);
-}
 
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
     float ss = 0.0f;
@@ -66,58 +85,172 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* x: [M, hidden] residual stream in, final-normed hidden states out (in place). cos/sin: [M, head_dim].
-   k_pool/v_pool: this step's layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is sequence m: its new
-   K/V go to slot_mapping[m], it attends over seq_lens[m] positions through block_tables[m]. Returns 0, or -1 when
-   scratch memory cannot be allocated (x is then unspecified). */
-int minillm_decode_step(float *x, int64_t M, const mll_layer *layers, int64_t L, const mll_dims *dims,
-                        const float *final_norm, const float *cos, const float *sin, float *k_pool, float *v_pool,
-                        int64_t num_slots, const int64_t *slot_mapping, const int64_t *block_tables,
-                        int64_t max_blocks, const int64_t *seq_lens, int64_t block_size, int nthreads) {
-    const int64_t E = dims->hidden, I = dims->intermediate, H = dims->num_heads, KV = dims->num_kv_heads,
-                  D = dims->head_dim, NQKV = (H + 2 * KV) * D;
-    const int64_t widest = NQKV > 2 * I ? NQKV : 2 * I;
-    float *h = malloc(sizeof(float) * (size_t)(M * E));
-    float *big = malloc(sizeof(float) * (size_t)(M * widest));      /* qkv, then gate|up */
-    float *mid = malloc(sizeof(float) * (size_t)(M * (H * D > I ? H * D : I)));  /* attention out, then silu*up */
-    int64_t *rows = malloc(sizeof(int64_t) * (size_t)M);
-    int rc = (h && big && mid && rows) ? 0 : -1;
-    for (int64_t m = 0; m < M; m++) if (rows) rows[m] = m;
-    const int64_t layer_floats = KV * num_slots * D;
+/* A sense-reversing barrier for the step's team. It spins: the team meets every 10-100 us. After ~20k spins it
+   yields, so a machine with fewer free cores than threads still makes progress. */
+typedef struct {
+    atomic_int arrived, sense;
+    int n;
+} spin_barrier;
 
-    for (int64_t l = 0; l < L && rc == 0; l++) {
-        const mll_layer *ly = layers + l;
-        for (int64_t m = 0; m < M; m++) rms_norm(x + m * E, ly->input_norm, E, dims->eps, h + m * E);
-        if ((rc = matmul(&ly->qkv, h, M, big, nthreads)) != 0) break;
-        float *kl = k_pool + l * layer_floats, *vl = v_pool + l * layer_floats;
-        for (int64_t m = 0; m < M; m++) {
-            float *row = big + m * NQKV;
-            for (int64_t j = 0; j < H + KV; j++) rotate(row + j * D, cos + m * D, sin + m * D, D);
-            for (int64_t j = 0; j < KV; j++) {
-                const int64_t at = (j * num_slots + slot_mapping[m]) * D;
-                memcpy(kl + at, row + (H + j) * D, sizeof(float) * (size_t)D);
-                memcpy(vl + at, row + (H + KV + j) * D, sizeof(float) * (size_t)D);
-            }
-        }
-        minillm_paged_decode(big, NQKV, D, rows, M, kl, vl, block_tables, seq_lens, H, KV, D, num_slots, max_blocks,
-                             block_size, dims->scale, mid, H * D, D, nthreads);
-        if ((rc = matmul(&ly->o, mid, M, h, nthreads)) != 0) break;
-        for (int64_t i = 0; i < M * E; i++) x[i] += h[i];
-
-        for (int64_t m = 0; m < M; m++) rms_norm(x + m * E, ly->post_norm, E, dims->eps, h + m * E);
-        if ((rc = matmul(&ly->gate_up, h, M, big, nthreads)) != 0) break;
-        for (int64_t m = 0; m < M; m++) {
-            const float *g = big + m * 2 * I, *u = g + I;
-            for (int64_t i = 0; i < I; i++) mid[m * I + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        }
-        if ((rc = matmul(&ly->down, mid, M, h, nthreads)) != 0) break;
-        for (int64_t i = 0; i < M * E; i++) x[i] += h[i];
+static void barrier(spin_barrier *b, int *mine) {
+    const int s = !*mine;
+    *mine = s;
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == b->n - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->sense, s, memory_order_release);
+        return;
     }
-    if (rc == 0 && final_norm)
-        for (int64_t m = 0; m < M; m++) {
-            rms_norm(x + m * E, final_norm, E, dims->eps, h + m * E);
-            memcpy(x + m * E, h + m * E, sizeof(float) * (size_t)E);
+    for (long spins = 0; atomic_load_explicit(&b->sense, memory_order_acquire) != s; spins++) {
+        if (spins < 20000) CPU_RELAX();
+        else sched_yield();
+    }
+}
+
+/* One thread's buffers: its copy of the residual stream, the normed input of the next matmul, and that input
+   quantized (qgemm.c's int16 codes, block scales, group sums). */
+typedef struct {
+    float *x, *hn, *ad, *as, *gs;
+    int16_t *aq;
+} scratch;
+
+static void quantize_in(const mll_qlinear *l, const float *in, int64_t M, scratch *sc) {
+    minillm_qgemm_quantize(in, M, l->k, l->k, l->group, sc->aq, sc->ad, sc->as, sc->gs);
+}
+
+/* Thread t's share of a matmul: an equal run of whole groups of four weight rows (qgemm.c's step). */
+static void rows_part(const mll_qlinear *l, int64_t M, const scratch *sc, float *y, int t, int nt) {
+    const int64_t quads = (l->n + 3) / 4, per = (quads + nt - 1) / nt;
+    const int64_t n0 = t * per * 4 < l->n ? t * per * 4 : l->n, n1 = (t + 1) * per * 4 < l->n ? (t + 1) * per * 4 : l->n;
+    if (n0 < n1)
+        minillm_qgemm_rows((int)l->kind, M, l->k, l->w, l->scales, l->mins, l->group, sc->aq, sc->ad, sc->gs, n0, n1, y,
+                           l->n);
+}
+
+/* Rows outside what the pool holds would make the kernels read or write foreign memory: checked before anything is
+   written. 0, or -2 a slot outside the pool, -3 a sequence length outside 1..table width x block_size, -4 a block
+   table entry (of the blocks a sequence uses) outside the pool, -5 a token id outside the embedding. */
+static int check_rows(int64_t M, const int64_t *ids, int64_t vocab, int64_t num_slots, const int64_t *slot_mapping,
+                      const int64_t *block_tables, int64_t max_blocks, const int64_t *seq_lens, int64_t block_size) {
+    for (int64_t m = 0; m < M; m++) {
+        if (slot_mapping[m] < 0 || slot_mapping[m] >= num_slots) return -2;
+        if (seq_lens[m] < 1 || seq_lens[m] > max_blocks * block_size) return -3;
+        for (int64_t b = 0; b < (seq_lens[m] + block_size - 1) / block_size; b++) {
+            const int64_t blk = block_tables[m * max_blocks + b];
+            if (blk < 0 || blk >= num_slots / block_size) return -4;
         }
-    free(h); free(big); free(mid); free(rows);
-    return rc;
+        if (ids && (ids[m] < 0 || ids[m] >= vocab)) return -5;
+    }
+    return 0;
+}
+
+/* x: [M, hidden] out: the final-normed hidden states (and, when `embed` is NULL, in: the embedded tokens; else the
+   step looks ids[m] up in the quantized embedding itself). cos/sin: [M, head_dim]. k_pool/v_pool: this step's
+   layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is sequence m: its new K/V go to slot_mapping[m], it
+   attends over seq_lens[m] positions through block_tables[m]. Returns 0; -1 when scratch memory cannot be
+   allocated; check_rows' codes for rows outside the pool (nothing is written then). */
+int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qlinear *embed, const mll_layer *layers,
+                        int64_t L, const mll_dims *dims, const float *final_norm, const float *cos, const float *sin,
+                        float *k_pool, float *v_pool, int64_t num_slots, const int64_t *slot_mapping,
+                        const int64_t *block_tables, int64_t max_blocks, const int64_t *seq_lens, int64_t block_size,
+                        int nthreads) {
+    const int bad = check_rows(M, embed ? ids : NULL, embed ? embed->n : 0, num_slots, slot_mapping, block_tables,
+                               max_blocks, seq_lens, block_size);
+    if (bad) return bad;
+    const int64_t E = dims->hidden, I = dims->intermediate, H = dims->num_heads, KV = dims->num_kv_heads,
+                  D = dims->head_dim, NQKV = (H + 2 * KV) * D, G = H / KV;
+    const int64_t widest = NQKV > 2 * I ? NQKV : 2 * I, mid_w = H * D > I ? H * D : I;
+    const int64_t kmax = E > mid_w ? E : mid_w, nb = kmax / 32;
+    if (nthreads < 1) nthreads = 1;
+    /* shared: qkv then gate|up; attention out then silu*up; the o and down outputs; row indices */
+    float *big = malloc(sizeof(float) * (size_t)(M * widest));
+    float *mid = malloc(sizeof(float) * (size_t)(M * mid_w));
+    float *out = malloc(sizeof(float) * (size_t)(M * E));
+    int64_t *rows = malloc(sizeof(int64_t) * (size_t)M);
+    const size_t floats_per_thread = (size_t)(2 * M * E + 3 * M * nb);
+    float *fbuf = malloc(sizeof(float) * floats_per_thread * (size_t)nthreads);
+    int16_t *qbuf = malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
+    if (!big || !mid || !out || !rows || !fbuf || !qbuf) {
+        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf);
+        return -1;
+    }
+    for (int64_t m = 0; m < M; m++) rows[m] = m;
+    const int64_t layer_floats = KV * num_slots * D;
+    spin_barrier bar;
+    atomic_init(&bar.arrived, 0);
+    atomic_init(&bar.sense, 0);
+    bar.n = 1;
+
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp single
+        bar.n = omp_get_num_threads();    /* the team may be smaller than asked; the single's barrier publishes n */
+        const int t = omp_get_thread_num(), nt = bar.n;
+        int sense = 0;
+        float *f = fbuf + (size_t)t * floats_per_thread;
+        scratch sc = {f, f + M * E, f + 2 * M * E, f + 2 * M * E + M * nb, f + 2 * M * E + 2 * M * nb,
+                      qbuf + (size_t)t * (size_t)(M * kmax)};
+        if (embed) {    /* each thread dequantizes the rows into its own copy (M x hidden values: cheap) */
+            const int64_t row_bytes = embed->kind == 1 ? E / 2 : E, ng = E / embed->group;
+            for (int64_t m = 0; m < M; m++)
+                minillm_dequant_row((int)embed->kind, (const uint8_t *)embed->w + ids[m] * row_bytes,
+                                    embed->scales + ids[m] * ng, embed->kind == 1 ? embed->mins + ids[m] * ng : NULL,
+                                    E, embed->group, sc.x + m * E);
+        } else {
+            memcpy(sc.x, x, sizeof(float) * (size_t)(M * E));
+        }
+
+        for (int64_t l = 0; l < L; l++) {
+            const mll_layer *ly = layers + l;
+            float *kl = k_pool + l * layer_floats, *vl = v_pool + l * layer_floats;
+            for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, ly->input_norm, E, dims->eps, sc.hn + m * E);
+            quantize_in(&ly->qkv, sc.hn, M, &sc);
+            rows_part(&ly->qkv, M, &sc, big, t, nt);
+            barrier(&bar, &sense);
+
+            /* task (s, h): rotate sequence s's query heads of kv head h and its key head h, store k and v, attend */
+            for (int64_t task = t; task < M * KV; task += nt) {
+                const int64_t s = task / KV, h = task % KV;
+                float *row = big + s * NQKV;
+                for (int64_t g = 0; g < G; g++) rotate(row + (h * G + g) * D, cos + s * D, sin + s * D, D);
+                rotate(row + (H + h) * D, cos + s * D, sin + s * D, D);
+                const int64_t at = (h * num_slots + slot_mapping[s]) * D;
+                memcpy(kl + at, row + (H + h) * D, sizeof(float) * (size_t)D);
+                memcpy(vl + at, row + (H + KV + h) * D, sizeof(float) * (size_t)D);
+                minillm_paged_decode_task(big, NQKV, D, rows, kl, vl, block_tables, seq_lens, H, KV, D, num_slots,
+                                          max_blocks, block_size, dims->scale, mid, H * D, D, task);
+            }
+            barrier(&bar, &sense);
+
+            quantize_in(&ly->o, mid, M, &sc);
+            rows_part(&ly->o, M, &sc, out, t, nt);
+            barrier(&bar, &sense);
+
+            for (int64_t i = 0; i < M * E; i++) sc.x[i] += out[i];
+            for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, ly->post_norm, E, dims->eps, sc.hn + m * E);
+            quantize_in(&ly->gate_up, sc.hn, M, &sc);
+            rows_part(&ly->gate_up, M, &sc, big, t, nt);
+            barrier(&bar, &sense);
+
+            const int64_t per = (M * I + nt - 1) / nt;
+            for (int64_t e = t * per; e < (t + 1) * per && e < M * I; e++) {
+                const int64_t m = e / I, i = e % I;
+                const float gv = big[m * 2 * I + i], u = big[m * 2 * I + I + i];
+                mid[e] = gv / (1.0f + expf(-gv)) * u;
+            }
+            barrier(&bar, &sense);
+
+            quantize_in(&ly->down, mid, M, &sc);
+            rows_part(&ly->down, M, &sc, out, t, nt);
+            barrier(&bar, &sense);
+            for (int64_t i = 0; i < M * E; i++) sc.x[i] += out[i];
+        }
+        if (t == 0) {
+            if (final_norm)
+                for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, final_norm, E, dims->eps, x + m * E);
+            else
+                memcpy(x, sc.x, sizeof(float) * (size_t)(M * E));
+        }
+    }
+    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf);
+    return 0;
 }

@@ -186,6 +186,17 @@ static void decode_task(const float *q, int64_t q_row_stride, int64_t q_head_str
     }
 }
 
+/* One (sequence, kv head) task of minillm_paged_decode below, for callers that spread the tasks over threads
+   themselves (the fused decode step, decode_step.c). */
+void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                               const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                               int64_t max_blocks, int64_t block_size, float scale, float *out,
+                               int64_t out_row_stride, int64_t out_head_stride, int64_t task) {
+    decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
+                head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, task);
+}
+
 /* The shapes this kernel takes; the Python wrapper asks before calling and uses the numba kernel otherwise. */
 int minillm_paged_decode_supports(int64_t group, int64_t head_dim) {
     return group >= 1 && group <= MAX_GROUP && head_dim % 8 == 0 && group * (head_dim / 8) <= MAX_VECS;

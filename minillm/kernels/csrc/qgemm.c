@@ -26,6 +26,7 @@
    array of them was kept in memory), and the per-row work -- factors, reductions, the minimum's term -- shared by
    four rows, since a row of a 576-wide matrix is only 18 blocks. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,13 +243,51 @@ static void four_rows(const uint8_t *w, int64_t row_bytes, const uint16_t *sc, c
 
 int minillm_qgemm_simd(void) { return QG_AVX2; }
 
+/* The activations' side of a product, for rows x[0..M) (rows x_stride floats apart): int16 codes aq [M, K], block
+   scales ad [M, K/32], and per group of G the scaled code sums gs [M, K/G] (what int4's minimums multiply). `as`
+   is scratch of ad's size. Serial: the fused decode step (decode_step.c) calls it on each thread's own buffers. */
+void minillm_qgemm_quantize(const float *x, int64_t M, int64_t K, int64_t x_stride, int64_t G, int16_t *aq,
+                            float *ad, float *as, float *gs) {
+    const int64_t nb = K / QB, ng = K / G, per_group = G / QB;
+    for (int64_t m = 0; m < M; m++) {
+        quantize_row(x + m * x_stride, K, aq + m * K, ad + m * nb, as + m * nb);
+        for (int64_t g = 0; g < ng; g++) {
+            float t = 0.0f;
+            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) t += as[m * nb + b];
+            gs[m * ng + g] = t;
+        }
+    }
+}
+
+/* Weight rows [n0, n1) of the product for every activation row, from quantized activations: y[m, n] for n in the
+   range. n0 is a multiple of 4 (the AVX2 loop's step); rows past the last whole group of four run one at a time. */
+void minillm_qgemm_rows(int kind, int64_t M, int64_t K, const void *w, const uint16_t *scales, const uint16_t *mins,
+                        int64_t G, const int16_t *aq, const float *ad, const float *gs, int64_t n0, int64_t n1,
+                        float *y, int64_t y_stride) {
+    const int64_t nb = K / QB, ng = K / G, row_bytes = kind == 1 ? K / 2 : K;
+    const uint8_t *wb = (const uint8_t *)w;
+    for (int64_t m = 0; m < M; m++) {
+        const int16_t *a = aq + m * K;
+        const float *d = ad + m * nb, *s = gs + m * ng;
+        int64_t n = n0;
+#if QG_AVX2
+        for (; n + 4 <= n1; n += 4)
+            four_rows(wb + n * row_bytes, row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL, K, G, a, d, s,
+                      y + m * y_stride + n);
+#endif
+        for (; n < n1; n++)
+            y[m * y_stride + n] = one_row(wb + n * row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL, K, G,
+                                          a, d, s);
+    }
+}
+
 /* kind 0 = int8 (w: int8 [N, K]), 1 = int4 (w: uint8 [N, K/2], mins used). x rows are `x_stride` floats
    apart, y rows `y_stride`. K and G are multiples of 32 (checked in Python). Returns 0, or -1 when the
    scratch for the quantized activations cannot be allocated. */
 int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stride, const void *w,
                   const uint16_t *scales, const uint16_t *mins, int64_t N, int64_t G, float *y, int64_t y_stride,
                   int nthreads) {
-    const int64_t nb = K / QB, ng = K / G, per_group = G / QB, row_bytes = kind == 1 ? K / 2 : K;
+    const int64_t nb = K / QB, ng = K / G;
     int16_t *aq = malloc(sizeof(int16_t) * (size_t)(M * K));
     float *ad = malloc(sizeof(float) * (size_t)(M * nb)), *as = malloc(sizeof(float) * (size_t)(M * nb));
     float *gs = malloc(sizeof(float) * (size_t)(M * ng));
@@ -257,69 +296,54 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
         return -1;
     }
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M * K >= 65536)
-    for (int64_t m = 0; m < M; m++) {
-        quantize_row(x + m * x_stride, K, aq + m * K, ad + m * nb, as + m * nb);
-        for (int64_t g = 0; g < ng; g++) {   /* what int4's minimums multiply: the group's activation sum */
-            float t = 0.0f;
-            for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) t += as[m * nb + b];
-            gs[m * ng + g] = t;
-        }
-    }
-    const uint8_t *wb = (const uint8_t *)w;
-    const int step = QG_AVX2 ? 4 : 1;
-    const int64_t whole = N - N % step;
-    /* One activation row after another over the thread's share of the weight rows (the same share for every
-       activation row -- static schedule -- so no barrier is needed between them). Measured: M rows cost M times one
-       row; sharing one widening of the weights between activation rows, or interleaving the activation rows inside
-       a share, was 1.5-3x slower (spilled accumulators). */
-#pragma omp parallel num_threads(nthreads)
-    for (int64_t m = 0; m < M; m++) {
-        const int16_t *a = aq + m * K;
-        const float *d = ad + m * nb, *s = gs + m * ng;
-#pragma omp for schedule(static) nowait
-        for (int64_t n = 0; n < whole; n += step) {
-#if QG_AVX2
-            four_rows(wb + n * row_bytes, row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL, K, G, a, d, s,
-                      y + m * y_stride + n);
-#else
-            y[m * y_stride + n] = one_row(wb + n * row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL, K, G,
-                                          a, d, s);
-#endif
-        }
-    }
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = whole; n < N; n++)
-            y[m * y_stride + n] = one_row(wb + n * row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL, K, G,
-                                          aq + m * K, ad + m * nb, gs + m * ng);
+        minillm_qgemm_quantize(x + m * x_stride, 1, K, x_stride, G, aq + m * K, ad + m * nb, as + m * nb, gs + m * ng);
+    /* Each thread takes an equal share of whole groups of four weight rows and runs every activation row against
+       it, one activation row after another. Measured: M rows cost M times one row; sharing one widening of the
+       weights between activation rows, or interleaving the activation rows inside a share, was 1.5-3x slower
+       (spilled accumulators). */
+    const int64_t quads = (N + 3) / 4;
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num(), per = (quads + nt - 1) / nt;
+        const int64_t n0 = t * per * 4 < N ? t * per * 4 : N, n1 = (t + 1) * per * 4 < N ? (t + 1) * per * 4 : N;
+        minillm_qgemm_rows(kind, M, K, w, scales, mins, G, aq, ad, gs, n0, n1, y, y_stride);
+    }
     free(aq); free(ad); free(as); free(gs);
     return 0;
+}
+
+/* One row of a quantized matrix back to floats: w_row, scales_row, mins_row point at the row's codes and its groups'
+   scale / minimum (mins_row NULL for int8). Also the embedding lookup of the fused decode step. */
+void minillm_dequant_row(int kind, const void *w_row, const uint16_t *scales_row, const uint16_t *mins_row, int64_t K,
+                         int64_t G, float *o) {
+    for (int64_t g = 0; g < K / G; g++) {
+        const float d = half_to_float(scales_row[g]);
+        if (kind == 1) {
+            const float m = half_to_float(mins_row[g]);
+            const uint8_t *q = (const uint8_t *)w_row + g * (G / 2);
+            for (int64_t b = 0; b < G / QB; b++) {
+                const uint8_t *qb = q + b * (QB / 2);
+                float *ob = o + g * G + b * QB;
+                for (int i = 0; i < QB / 2; i++) {
+                    ob[i] = d * (float)(qb[i] & 0x0F) + m;
+                    ob[i + QB / 2] = d * (float)(qb[i] >> 4) + m;
+                }
+            }
+        } else {
+            const int8_t *q = (const int8_t *)w_row + g * G;
+            for (int64_t i = 0; i < G; i++) o[g * G + i] = d * (float)q[i];
+        }
+    }
 }
 
 /* The float matrix back (for many activation rows, where a float GEMM beats the integer dot products): w[N, K]
    float32 = scale * q (+ minimum), row-major. Plain loops; the compiler vectorizes them. */
 void minillm_dequant(int kind, const void *w, const uint16_t *scales, const uint16_t *mins, int64_t N, int64_t K,
                      int64_t G, float *out, int nthreads) {
-    const int64_t ng = K / G;
+    const int64_t ng = K / G, row_bytes = kind == 1 ? K / 2 : K;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t n = 0; n < N; n++) {
-        float *o = out + n * K;
-        for (int64_t g = 0; g < ng; g++) {
-            const float d = half_to_float(scales[n * ng + g]);
-            if (kind == 1) {
-                const float m = half_to_float(mins[n * ng + g]);
-                const uint8_t *q = (const uint8_t *)w + n * (K / 2) + g * (G / 2);
-                for (int64_t b = 0; b < G / QB; b++) {
-                    const uint8_t *qb = q + b * (QB / 2);
-                    float *ob = o + g * G + b * QB;
-                    for (int i = 0; i < QB / 2; i++) {
-                        ob[i] = d * (float)(qb[i] & 0x0F) + m;
-                        ob[i + QB / 2] = d * (float)(qb[i] >> 4) + m;
-                    }
-                }
-            } else {
-                const int8_t *q = (const int8_t *)w + n * K + g * G;
-                for (int64_t i = 0; i < G; i++) o[g * G + i] = d * (float)q[i];
-            }
-        }
-    }
+    for (int64_t n = 0; n < N; n++)
+        minillm_dequant_row(kind, (const uint8_t *)w + n * row_bytes, scales + n * ng, kind == 1 ? mins + n * ng : NULL,
+                            K, G, out + n * K);
 }
