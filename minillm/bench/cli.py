@@ -75,7 +75,7 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     best_bs = max(by_bs, key=by_bs.get) if by_bs else None
     ref = runs.get("none")
     per_q = {q: {"tok_s": round(r.tok_s, 2), "formats": describe(models[q][0].model),
-                 "vs_none": round(r.tok_s / ref.tok_s, 3) if ref else None, "paths": matmul_paths(q),
+                 "vs_none": round(r.tok_s / ref.tok_s, 3) if ref else None, "paths": matmul_paths(q, models[q][0].model),
                  "minillm": r.summary()} for q, r in runs.items()}
     return {
         "minillm_tok_s": round(mini.tok_s, 2), "baseline_tok_s": by_bs.get(best_bs),
@@ -88,15 +88,18 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     }
 
 
-def matmul_paths(quantization: str) -> str:
+def matmul_paths(quantization: str, model=None) -> str:
     """Which matmul runs the linear layers at which step size, in words (minillm/kernels/cpu_qgemm.py)."""
     from minillm.kernels import cpu_qgemm, cpu_w8a8
     if quantization == "none":
         return "float GEMM at every size"
     if quantization == "w8a8":
         return f"W8A8 ({cpu_w8a8.impl()}) at every size"
-    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows, a {cpu_qgemm.batched_path()} copy from "
-            f"{cpu_qgemm.BATCHED_MIN_ROWS} rows (layers a float checkpoint left float: float GEMM)")
+    smoothed = model is not None and any(m.w8a8_smooth is not None for _, m in model.quantizable())
+    path = cpu_qgemm.batched_path()
+    copy = "a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed else f"a {path} copy"
+    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows (one fused C call per decode step), {copy} "
+            f"from {cpu_qgemm.BATCHED_MIN_ROWS} rows (layers a float checkpoint left float: float GEMM)")
 
 
 def format_throughput(r: dict, plot: str | None) -> str:

@@ -8,13 +8,16 @@
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the fp16 batched path by
 float16 weights: tests/test_quant.py and tests/test_w8a8.py state the tolerances. MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
-MINILLM_QGEMM_BATCHED=w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py).
+MINILLM_QGEMM_BATCHED=fp16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the
+layers' SmoothQuant factors, which load_model then calibrates).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -71,8 +74,12 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 #   fp16     an FBGEMM float16 copy made once (2 bytes per weight), float32 activations and accumulation: the weight
 #            rounded to 11 bits (<= 2^-12 relative; tests/test_w8a8.py states the tolerance)
 #   float    a float32 copy made once (exact weight-only math; 4 bytes per weight)
-#   w8a8     the weight requantized once to int8 per output channel and run as W8A8 (FBGEMM, cpu_w8a8.py): the
-#            fastest from 32-64 rows on, but 7-bit per-token activations cost SmolLM2 +17 % perplexity (README)
+#   w8a8     the weight requantized once to int8 per output channel (times the layer's SmoothQuant factors when
+#            load_model calibrated it: quant/smooth.py) and run as W8A8 (FBGEMM, cpu_w8a8.py). Not the default: on
+#            this AVX2 machine FBGEMM's int8 GEMM is only ~1.3x the float32 one at 2048 rows and quantizing the
+#            activations per token eats that (a 2048-token prefill: 5.16 s vs 4.98 s float32), while 7-bit
+#            activations cost SmolLM2 +2.6 % perplexity even smoothed (+13 % without). Machines with VNNI/AMX int8
+#            are where it would pay: MINILLM_QGEMM_BATCHED=w8a8 (load_model then calibrates).
 #   dequant  W expanded to float32 on every call, then the float GEMM (exact, no memory; what ran until 2026-11-26)
 # tools/measure_qgemm.py --repeat 2 (µs per call, int4 g32 weights, int8 g32 LM head, 1 thread, AVX2, 2026-11-26,
 # shared machine: read ratios; weights stay in cache between calls, which flatters float at few rows -- in the
@@ -107,14 +114,29 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 BATCHED_MIN_ROWS = 16
 BATCHED_PATHS = ("fp16", "float", "w8a8", "dequant")
 BATCHED_PATH = "fp16"
+_exact = threading.local()
 
 
 def batched_path() -> str:
-    """MINILLM_QGEMM_BATCHED when set, else BATCHED_PATH."""
+    """MINILLM_QGEMM_BATCHED when set, else BATCHED_PATH; dequant inside exact_batched()."""
+    if getattr(_exact, "on", False):
+        return "dequant"
     p = os.environ.get("MINILLM_QGEMM_BATCHED", BATCHED_PATH).lower()
     if p not in BATCHED_PATHS:
         raise ValueError(f"MINILLM_QGEMM_BATCHED={p!r}: use one of {', '.join(BATCHED_PATHS)}")
     return p
+
+
+@contextlib.contextmanager
+def exact_batched():
+    """Batched steps through the exact float product inside the block (W expanded per call: no copy is kept):
+    calibration measures the activations the exact products give."""
+    before = getattr(_exact, "on", False)
+    _exact.on = True
+    try:
+        yield
+    finally:
+        _exact.on = before
 
 
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
@@ -130,8 +152,9 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     return out
 
 
-def qlinear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
-    """x [..., K] (float32/bf16/fp16) times the quantized [N, K] matrix -> [..., N] in x's dtype."""
+def qlinear(x: torch.Tensor, qw: QuantizedWeight, smooth: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (float32/bf16/fp16) times the quantized [N, K] matrix -> [..., N] in x's dtype. `smooth`: the
+    layer's SmoothQuant factors, used by a W8A8 copy for batched steps."""
     if qw.act is not None:
         return w8a8_linear(x, qw)
     lib = _kernel() if x.device.type == "cpu" else None
@@ -141,16 +164,18 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
     if x.numel() // k >= BATCHED_MIN_ROWS:
-        return batched(x, qw)
+        return batched(x, qw, smooth=smooth)
     return kernel(x, qw, lib)
 
 
-def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None) -> torch.Tensor:
+def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
+            smooth: torch.Tensor | None = None) -> torch.Tensor:
     """A weight-only layer's product by one of BATCHED_PATHS (default: batched_path()); the copies they use are
-    built on the first call and kept in qw.cache (qw.cache_nbytes counts them)."""
+    built on the first call and kept in qw.cache (qw.cache_nbytes counts them). `smooth`: the layer's SmoothQuant
+    factors, for a W8A8 copy."""
     path = path or batched_path()
     if path == "w8a8":
-        return w8a8_linear(x, requantized(qw))
+        return w8a8_linear(x, requantized(qw, smooth))
     if path == "fp16" and x.device.type == "cpu" and cpu_w8a8.fbgemm_available():
         packed = cached(qw, "fp16", lambda: torch.ops.quantized.linear_prepack_fp16(dequantize(qw), None))
         lead = x.shape[:-1]
@@ -161,16 +186,17 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None) -> to
     return F.linear(x, dequantize(qw).to(x.dtype))
 
 
-def requantized(qw: QuantizedWeight) -> QuantizedWeight:
-    """qw as W8A8 (int8 per output channel, rounded from its dequantized values), made once and kept. When FBGEMM
-    runs it, FBGEMM's packed copy is all that is kept: the codes move to the "meta" device (shape, no memory)."""
+def requantized(qw: QuantizedWeight, smooth: torch.Tensor | None = None) -> QuantizedWeight:
+    """qw as W8A8 (int8 per output channel, rounded from its dequantized values, times `smooth` when given), made
+    once per smoothing and kept. When FBGEMM runs it, FBGEMM's packed copy is all that is kept: the codes move to
+    the "meta" device (shape, no memory)."""
     def build() -> QuantizedWeight:
-        q = quantize(dequantize(qw), QuantSpec("int8", act="int8"))
+        q = quantize(dequantize(qw), QuantSpec("int8", act="int8"), smooth)
         if cpu_w8a8.impl() == "fbgemm":
             cpu_w8a8.prepacked(q)
             q.qweight = q.qweight.to("meta")
         return q
-    return cached(qw, "w8a8", build)
+    return cached(qw, "w8a8" if smooth is None else "w8a8-smooth", build)
 
 
 def kernel(x: torch.Tensor, qw: QuantizedWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -42,7 +42,7 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     rescaled by step[m] * scale[n]; [..., N] in x's dtype."""
     check(qw)
     k = qw.shape[1]
-    codes, step = quantize_per_token(x.reshape(-1, k))
+    codes, step = quantize_per_token(smoothed(x.reshape(-1, k), qw))
     acc = codes.double() @ qw.qweight.double().T
     y = acc * (step.double()[:, None] * qw.scales.double().view(1, -1))
     return y.to(x.dtype).reshape(*x.shape[:-1], qw.shape[0])
@@ -76,7 +76,7 @@ def w8a8_linear(x: torch.Tensor, qw: QuantizedWeight, which: str | None = None) 
     which = which or impl()
     if which == "fbgemm" and x.device.type != "cpu":
         which = "float"
-    x2 = x.reshape(-1, k)
+    x2 = smoothed(x.reshape(-1, k), qw)
     codes, step = quantize_per_token(x2)
     if which == "fbgemm":
         y = _fbgemm_run(codes, prepacked(qw))
@@ -85,6 +85,11 @@ def w8a8_linear(x: torch.Tensor, qw: QuantizedWeight, which: str | None = None) 
         acc = _int_mm(codes, qw) if which == "int_mm" else _float_codes(codes, qw)
         y = acc * (step[:, None] * qw.scales.float().view(1, -1))
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def smoothed(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """The activations the integer product sees: x, or x / s for a matrix with SmoothQuant factors s."""
+    return x if qw.smooth is None else torch.div(x.float(), qw.smooth.to(x.device))
 
 
 def prepacked(qw: QuantizedWeight):

@@ -49,12 +49,13 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32", comm=None,
                layers: range | None = None, rules=None, quantization: str = "none",
-               group_size: int = 32) -> LoadedModel:
+               group_size: int = 32, progress=None) -> LoadedModel:
     """Read a checkpoint into a LlamaModel. With `comm` (a tensor-parallel Communicator) the model is this rank's
     shard and only its slices are read (`rules` decide which); with `layers`, only a pipeline stage's layers.
     `quantization` (see minillm.quant.policy): "none" dequantizes everything to `dtype` (what the labs use);
     "auto" keeps a quantized checkpoint's formats; "int8" / "int4" quantize the linear layers (int4 in groups of
-    `group_size`)."""
+    `group_size`); "w8a8" quantizes weights and activations to int8, with SmoothQuant factors calibrated on the
+    whole float model (quant/smooth.py; cached per checkpoint, `progress(text)` hears about it)."""
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
@@ -69,10 +70,19 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     from minillm.quant.policy import apply_quantization, check_quantization
     check_quantization(quantization, group_size, rules)
     model = build_model(cfg, weights, torch_dtype, comm, layers, rules, keep_quantized=quantization == "auto")
+    whole = (comm is None or comm.world_size == 1) and layers is None
+    smooth = None
+    if quantization == "w8a8" and whole:     # SmoothQuant factors from the float model, then quantize with them
+        from minillm.quant.smooth import calibrate_cached
+        smooth = calibrate_cached(model, tok, path, progress)
     try:
-        apply_quantization(model, quantization, group_size)
+        apply_quantization(model, quantization, group_size, smooth)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
+    from minillm.quant.policy import wants_calibration
+    if wants_calibration(model) and whole:   # W8A8 copies for batched steps (MINILLM_QGEMM_BATCHED=w8a8)
+        from minillm.quant.smooth import attach, calibrate_cached
+        attach(model, calibrate_cached(model, tok, path, progress))
     return LoadedModel(model, tok, cfg, path)
 
 

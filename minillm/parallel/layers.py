@@ -98,6 +98,27 @@ class Quantizable:
     rules are refused with quantization: see LlamaModel.quantize_)."""
     quant: QuantizedWeight | None = None
 
+    @property
+    def w8a8_smooth(self) -> torch.Tensor | None:
+        """SmoothQuant factors for the W8A8 copy of batched steps (quant/smooth.py), or None. A buffer (it moves
+        with the module)."""
+        return self._buffers.get("smooth_factors")
+
+    def set_w8a8_smooth(self, s: torch.Tensor | None) -> None:
+        """Give this weight-only layer the SmoothQuant factors its batched steps' W8A8 copy is made with (None: no
+        W8A8 copy by default; batched steps use the float16 copy)."""
+        if s is not None:
+            k = self.quant.shape[1] if self.quant is not None else self.weight.shape[1]
+            s = s.detach().float().contiguous()
+            if tuple(s.shape) != (k,) or not bool(torch.isfinite(s).all() and (s > 0).all()):
+                raise ValueError(f"SmoothQuant factors must be {k} positive finite numbers, got shape "
+                                 f"{tuple(s.shape)}")
+            self.register_buffer("smooth_factors", s)
+        else:
+            self._buffers.pop("smooth_factors", None)
+        if self.quant is not None:
+            self.quant.cache.pop("w8a8-smooth", None)
+
     def set_quantized(self, qw: QuantizedWeight) -> None:
         want = tuple(self.weight.shape) if self.weight is not None else tuple(self.quant.shape)
         qw.check()
@@ -105,12 +126,15 @@ class Quantizable:
             raise ValueError(f"quantized weight shape {tuple(qw.shape)} != this layer's {want}")
         if not all(t.is_contiguous() for t in qw.tensors()):   # the kernels read rows in place
             qw = QuantizedWeight(qw.kind, *(None if t is None else t.contiguous()
-                                            for t in (qw.qweight, qw.scales, qw.mins)), qw.group_size, qw.act)
+                                            for t in (qw.qweight, qw.scales, qw.mins)), qw.group_size, qw.act,
+                                 None if qw.smooth is None else qw.smooth.contiguous())
         self.register_parameter("weight", None)
         self.quant = qw
-        for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins)):
+        for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins), ("smooth", qw.smooth)):
             if t is not None:
                 self.register_buffer(name, t)
+            else:
+                self._buffers.pop(name, None)
 
     def _apply(self, fn, recurse: bool = True):
         """module.to(device) / .cuda() / .half() move the registered buffers; `quant` must then hold the moved
@@ -122,8 +146,12 @@ class Quantizable:
         if qw is not None:
             def buf(name):
                 t = self._buffers.get(name)
-                return None if t is None else (t.half() if name != "qweight" and t.dtype != torch.float16 else t)
-            moved = QuantizedWeight(qw.kind, buf("qweight"), buf("scales"), buf("mins"), qw.group_size, qw.act)
+                if t is None or name == "qweight":
+                    return t
+                want = torch.float32 if name == "smooth" else torch.float16
+                return t if t.dtype == want else t.to(want)
+            moved = QuantizedWeight(qw.kind, buf("qweight"), buf("scales"), buf("mins"), qw.group_size, qw.act,
+                                    buf("smooth"))
             if not all(a is b for a, b in zip(moved.tensors(), qw.tensors())):
                 self.set_quantized(moved)
         return out
@@ -145,7 +173,7 @@ class Quantizable:
             from minillm.kernels.triton_qgemm import qlinear_cuda
             return qlinear_cuda(x, self.quant)
         from minillm.kernels.cpu_qgemm import qlinear
-        return qlinear(x, self.quant)
+        return qlinear(x, self.quant, self._buffers.get("smooth_factors"))
 
 
 def _read_quantized(src, rows: slice | None = None, cols: slice | None = None) -> QuantizedWeight | None:

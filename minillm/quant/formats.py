@@ -19,6 +19,12 @@ W8A8_LEVELS is 63, not 127: the fast CPU path (FBGEMM on AVX2, minillm/kernels/c
 with vpmaddubsw, whose int16 pair sums saturate for codes above 127 (measured: 8160 instead of 1032256 with the full
 range); PyTorch's own dynamic quantization on x86 makes the same choice (`reduce_range`). Every implementation
 uses the same 63 so results do not depend on the machine.
+
+A W8A8 matrix may carry SmoothQuant factors `smooth` = s (float32 [K], one per input channel): it then holds
+W diag(s), and activations are divided by s before their per-token quantization, so y = (x / s)(W diag(s))^T = x W^T
+in exact arithmetic. Dividing the outlier channels of x by large s (and scaling W's columns up by the same s) moves
+the quantization difficulty from the activations, whose per-token step one outlier channel sets, to the weights,
+which have a step per output channel (minillm/quant/smooth.py chooses s from calibration text).
 """
 from __future__ import annotations
 
@@ -73,6 +79,7 @@ class QuantizedWeight:
     mins: torch.Tensor | None        # float16 [N, K / group_size] for int4, None for int8
     group_size: int
     act: str | None = None           # "int8": W8A8, activations quantized per token at run time (see above)
+    smooth: torch.Tensor | None = None   # W8A8 only: SmoothQuant factors s [K] float32 (see above), or None
     # Copies that run batched steps faster (built on first use by minillm/kernels/cpu_qgemm.py, never by a model
     # that only decodes small batches): name -> (object, bytes held)
     cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -93,7 +100,7 @@ class QuantizedWeight:
                    for obj, nbytes in self.cache.values())
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.qweight, self.scales, self.mins) if t is not None]
+        return [t for t in (self.qweight, self.scales, self.mins, self.smooth) if t is not None]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         n, k = self.shape
@@ -102,12 +109,13 @@ class QuantizedWeight:
         w = q.float().view(n, k // g, g) * self.scales.float().unsqueeze(-1)
         if self.mins is not None:
             w = w + self.mins.float().unsqueeze(-1)
-        return w.reshape(n, k).to(dtype)
+        w = w.reshape(n, k)
+        return (w if self.smooth is None else w / self.smooth).to(dtype)
 
     def take_rows(self, index: torch.Tensor) -> "QuantizedWeight":
         """The rows at `index` (an embedding lookup, or a row permutation)."""
         return QuantizedWeight(self.kind, self.qweight[index], self.scales[index],
-                               None if self.mins is None else self.mins[index], self.group_size, self.act)
+                               None if self.mins is None else self.mins[index], self.group_size, self.act, self.smooth)
 
     def check(self) -> "QuantizedWeight":
         """Refuse what the kernels would misread (they take raw pointers, so a float32 scale read as float16 would be
@@ -138,19 +146,27 @@ class QuantizedWeight:
         if self.act not in ACTS or (self.act is not None and (self.kind != "int8" or g != k)):
             raise ValueError(f"act={self.act!r}: use None (weight-only), or 'int8' (W8A8) with int8 weights and one "
                              f"scale per output channel")
+        s = self.smooth
+        if s is not None and (self.act is None or not isinstance(s, torch.Tensor) or s.dtype != torch.float32
+                              or tuple(s.shape) != (k,) or not bool(torch.isfinite(s).all() and (s > 0).all())):
+            raise ValueError(f"smooth must be None, or for a W8A8 matrix positive finite float32 factors of shape "
+                             f"({k},), one per input channel; got {getattr(s, 'dtype', type(s).__name__)} "
+                             f"{tuple(getattr(s, 'shape', ()))} with act={self.act!r}")
         return self
 
     @staticmethod
     def cat(parts: list["QuantizedWeight"]) -> "QuantizedWeight":
         """Stack matrices by output rows (fused q/k/v, gate/up); they must share kind and group size."""
         first = parts[0]
-        if any(p.kind != first.kind or p.group_size != first.group_size or p.shape[1] != first.shape[1]
-               or p.act != first.act for p in parts):
+        same_smooth = all((p.smooth is None) == (first.smooth is None)
+                          and (p.smooth is None or torch.equal(p.smooth, first.smooth)) for p in parts)
+        if not same_smooth or any(p.kind != first.kind or p.group_size != first.group_size
+                                  or p.shape[1] != first.shape[1] or p.act != first.act for p in parts):
             raise ValueError("cannot fuse matrices quantized differently: "
                              + ", ".join(f"{p.kind}/g{p.group_size}/act {p.act}" for p in parts))
         mins = None if first.mins is None else torch.cat([p.mins for p in parts])
         return QuantizedWeight(first.kind, torch.cat([p.qweight for p in parts]),
-                               torch.cat([p.scales for p in parts]), mins, first.group_size, first.act)
+                               torch.cat([p.scales for p in parts]), mins, first.group_size, first.act, first.smooth)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -167,10 +183,17 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, half * 2)
 
 
-def quantize(w: torch.Tensor, spec: QuantSpec) -> QuantizedWeight:
-    """Round-to-nearest quantization of a float [N, K] matrix."""
+def quantize(w: torch.Tensor, spec: QuantSpec, smooth: torch.Tensor | None = None) -> QuantizedWeight:
+    """Round-to-nearest quantization of a float [N, K] matrix (W8A8 with `smooth`: of W diag(smooth), see above)."""
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight matrix, got shape {tuple(w.shape)}")
+    if smooth is not None:
+        if spec.act != "int8":
+            raise ValueError("smoothing factors go with W8A8 (QuantSpec('int8', act='int8')): weight-only layers "
+                             "see float activations and need none")
+        qw = quantize(w.detach().float() * smooth.float().view(1, -1), spec)
+        qw.smooth = smooth.detach().float().contiguous()
+        return qw.check()
     n, k = w.shape
     g = spec.group_for(k)
     x = w.detach().float().reshape(n, k // g, g)

@@ -10,6 +10,8 @@
           run time (formats.py; FBGEMM on CPU); the embedding lookup reads the same int8 table
 Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
 on the first such step (cpu_qgemm.BATCHED_PATH: float16 by default); describe() reports the memory it holds.
+w8a8 and the W8A8 batched copies (MINILLM_QGEMM_BATCHED=w8a8) are SmoothQuant-calibrated when load_model reads a
+whole model (quant/smooth.py).
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ def check_quantization(quantization: str, group_size: int, rules=None) -> None:
                          "quantization='none' with them")
 
 
-def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
-    """Quantize a loaded model in place according to the setting (see the module docstring)."""
+def apply_quantization(model, quantization: str, group_size: int = 32, smooth: dict | None = None) -> None:
+    """Quantize a loaded model in place according to the setting (see the module docstring). `smooth`: SmoothQuant
+    factors by layer name for w8a8 (quant/smooth.py; layers without an entry are quantized unsmoothed)."""
     from minillm.quant.formats import QuantSpec
     if quantization == "none":
         return
@@ -42,8 +45,11 @@ def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
     elif quantization == "int4":
         model.quantize_(QuantSpec("int4", group_size), int8_rows)
     elif quantization == "w8a8":
+        from minillm.quant.formats import quantize
         w8a8 = QuantSpec("int8", act="int8")
-        model.quantize_(w8a8, w8a8)
+        factors = smooth or {}
+        names = {id(m.weight): name for name, m in model.quantizable() if m.weight is not None}
+        model.quantize_(w8a8, w8a8, quantizer=lambda w, spec: quantize(w, spec, factors.get(names.get(id(w)))))
     else:   # auto: what the checkpoint stored quantized but could not be taken as it is
         types = getattr(model, "checkpoint_types", {})
         was_quantized = {name.rsplit(".", 1)[0] for name in types}
@@ -51,6 +57,16 @@ def apply_quantization(model, quantization: str, group_size: int = 32) -> None:
         model.quantize_(QuantSpec("int8", BLOCK), QuantSpec("int8", BLOCK),
                         only=lambda n: n in was_quantized and n not in low)
         model.quantize_(QuantSpec("int4", BLOCK), QuantSpec("int8", BLOCK), only=lambda n: n in low)
+
+
+def wants_calibration(model) -> bool:
+    """Whether batched steps run W8A8 copies that want SmoothQuant factors: MINILLM_QGEMM_BATCHED=w8a8 and a CPU
+    model with weight-only quantized layers."""
+    import os
+    if os.environ.get("MINILLM_QGEMM_BATCHED", "").lower() != "w8a8":
+        return False
+    return any(m.quant is not None and m.quant.act is None and m.quant.qweight.device.type == "cpu"
+               for _, m in model.quantizable())
 
 
 def describe(model) -> str:
