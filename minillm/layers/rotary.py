@@ -80,13 +80,16 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"unsupported rope scaling type {self.rope_type!r}; "
                              f"minillm supports {', '.join(SUPPORTED_ROPE_TYPES)}")
         self.attention_factor = 1.0
-        inv_freq = _default_inv_freq(head_dim, base)
-        if self.rope_type == "linear":
-            inv_freq = inv_freq / self.scaling["factor"]
-        elif self.rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, self.scaling)
-        elif self.rope_type == "yarn":
-            inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling, max_position)
+        # on the CPU even inside a meta-device build (the loader's): a meta tensor's arithmetic runs torch's Python
+        # reference ops, whose first use imports torch._dynamo (~2 s of every model load)
+        with torch.device("cpu"):
+            inv_freq = _default_inv_freq(head_dim, base)
+            if self.rope_type == "linear":
+                inv_freq = inv_freq / self.scaling["factor"]
+            elif self.rope_type == "llama3":
+                inv_freq = _llama3_inv_freq(inv_freq, self.scaling)
+            elif self.rope_type == "yarn":
+                inv_freq, self.attention_factor = _yarn_inv_freq(head_dim, base, self.scaling, max_position)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
