@@ -55,6 +55,21 @@ def _replay_default_init(cfg) -> None:
         nn.Linear(H, cfg.vocab_size, bias=False)
 
 
+def dequantized_twin(model):
+    """A copy of `model` whose quantized layers hold their dequantized float weights: the oracle a quantized model is
+    compared with (make it before the model runs: a run model's batched-step copies are not deep-copied)."""
+    import copy
+    twin = copy.deepcopy(model)
+    for _, m in twin.quantizable():
+        if m.quant is not None:
+            w = m.quant.dequantize()
+            for name in ("qweight", "scales", "mins", "smooth"):
+                m._buffers.pop(name, None)
+            m.quant = None
+            m.weight = torch.nn.Parameter(w, requires_grad=False)
+    return twin
+
+
 @functools.lru_cache(maxsize=None)
 def tiny_model(seed: int = 0):
     """One shared tiny model (4 heads, 2 KV heads, 2 layers, vocab 128) for engine-level checks."""

@@ -33,16 +33,8 @@ def _model(linear: QuantSpec, head: QuantSpec | None, tie: bool):
 
 def _float_twin(model):
     """The oracle: a copy whose quantized layers hold their dequantized float weights."""
-    import copy
-    ref = copy.deepcopy(model)
-    for _, m in ref.quantizable():
-        if m.quant is not None:
-            w = m.quant.dequantize()
-            for name in ("qweight", "scales", "mins"):
-                m._buffers.pop(name, None)
-            m.quant = None
-            m.weight = torch.nn.Parameter(w, requires_grad=False)
-    return ref
+    from minillm.testing import dequantized_twin
+    return dequantized_twin(model)
 
 
 def _greedy(model, steps: int, device: str, backend, kv_dtype=torch.float32, block_size: int = 4,

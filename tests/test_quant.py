@@ -178,16 +178,8 @@ def _tiny(seed: int = 0, tie: bool = False):
 
 def _dequantized_copy(model):
     """The same model with every quantized layer replaced by its dequantized float weight: the oracle."""
-    import copy
-    ref = copy.deepcopy(model)
-    for _, m in ref.quantizable():
-        if m.quant is not None:
-            w = m.quant.dequantize()
-            for name in ("qweight", "scales", "mins"):
-                m._buffers.pop(name, None)
-            m.quant = None
-            m.weight = torch.nn.Parameter(w, requires_grad=False)
-    return ref
+    from minillm.testing import dequantized_twin
+    return dequantized_twin(model)
 
 
 @pytest.mark.parametrize("linear, head", [(QuantSpec("int4", 32), QuantSpec("int8")),

@@ -75,7 +75,8 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     best_bs = max(by_bs, key=by_bs.get) if by_bs else None
     ref = runs.get("none")
     per_q = {q: {"tok_s": round(r.tok_s, 2), "formats": describe(models[q][0].model),
-                 "vs_none": round(r.tok_s / ref.tok_s, 3) if ref else None, "paths": matmul_paths(q, models[q][0].model),
+                 "vs_none": round(r.tok_s / ref.tok_s, 3) if ref else None,
+                 "paths": matmul_paths(q, models[q][0].model),
                  "minillm": r.summary()} for q, r in runs.items()}
     return {
         "minillm_tok_s": round(mini.tok_s, 2), "baseline_tok_s": by_bs.get(best_bs),

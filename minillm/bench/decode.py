@@ -89,7 +89,8 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
 
 
 def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 64, rounds: int = 1,
-                       llama_bench: tuple[str, int] | None = None, progress=None) -> tuple[list[DecodeBench], dict | None]:
+                       llama_bench: tuple[str, int] | None = None,
+                       progress=None) -> tuple[list[DecodeBench], dict | None]:
     """One DecodeBench per (loaded model, config), and llama.cpp's decode speed when `llama_bench` = (binary,
     threads) is given. With rounds > 1 the decode timings of every model and llama-bench alternate round by round
     (a shared machine's speed drifts by tens of percent within minutes): each keeps its fastest round, and the

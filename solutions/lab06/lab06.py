@@ -382,10 +382,10 @@ plt.show()
 # with torch's global generator, which we seed before each run — "we set the seed, so it is reproducible".
 
 # %%
-seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=1234, max_tokens=24, ignore_eos=True, logprobs=0)
-others = [("Name three primary colors.", SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)),
-          ("The best way to learn a language is", SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True)),
-          ("def fibonacci(n):", SamplingParams(temperature=0.6, seed=7, max_tokens=16, ignore_eos=True))]
+seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=1234, max_tokens=12, ignore_eos=True, logprobs=0)
+others = [("Name three primary colors.", SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)),
+          ("The best way to learn a language is", SamplingParams(temperature=0.9, max_tokens=12, ignore_eos=True)),
+          ("def fibonacci(n):", SamplingParams(temperature=0.6, seed=7, max_tokens=8, ignore_eos=True))]
 situations = {
     "alone": [(story, seeded)],
     "alone, global RNG reseeded": [(story, seeded)],
@@ -431,7 +431,7 @@ for where, out in shared.items():
 engine.plug(sampler=mine)
 
 # %% [markdown]
-# **What to see.** With your sampler, the seeded request produces the same 24 tokens in every situation.
+# **What to see.** With your sampler, the seeded request produces the same 12 tokens in every situation.
 # Its generator lives with the request (the engine creates it from `seed` when the request arrives and keeps
 # it with the sequence), so the random numbers row `i` consumes depend only on how many steps the request
 # has taken — not on how many rows share the batch, where the row sits, or who else used torch's global

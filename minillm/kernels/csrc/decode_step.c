@@ -42,8 +42,8 @@ void minillm_qgemm_quantize(const float *x, int64_t M, int64_t K, int64_t x_stri
 void minillm_qgemm_rows(int kind, int64_t M, int64_t K, const void *w, const uint16_t *scales, const uint16_t *mins,
                         int64_t G, const int16_t *aq, const float *ad, const float *gs, int64_t n0, int64_t n1,
                         float *y, int64_t y_stride);
-void minillm_dequant_row(int kind, const void *w_row, const uint16_t *scales_row, const uint16_t *mins_row, int64_t K,
-                         int64_t G, float *o);
+void minillm_dequant_row(int kind, const void *restrict w_row, const uint16_t *restrict scales_row,
+                         const uint16_t *restrict mins_row, int64_t K, int64_t G, float *restrict o);
 void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
                                const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
@@ -120,7 +120,8 @@ static void quantize_in(const mll_qlinear *l, const float *in, int64_t M, scratc
 /* Thread t's share of a matmul: an equal run of whole groups of four weight rows (qgemm.c's step). */
 static void rows_part(const mll_qlinear *l, int64_t M, const scratch *sc, float *y, int t, int nt) {
     const int64_t quads = (l->n + 3) / 4, per = (quads + nt - 1) / nt;
-    const int64_t n0 = t * per * 4 < l->n ? t * per * 4 : l->n, n1 = (t + 1) * per * 4 < l->n ? (t + 1) * per * 4 : l->n;
+    const int64_t lo = t * per * 4, hi = (t + 1) * per * 4;
+    const int64_t n0 = lo < l->n ? lo : l->n, n1 = hi < l->n ? hi : l->n;
     if (n0 < n1)
         minillm_qgemm_rows((int)l->kind, M, l->k, l->w, l->scales, l->mins, l->group, sc->aq, sc->ad, sc->gs, n0, n1, y,
                            l->n);

@@ -314,9 +314,11 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
 }
 
 /* One row of a quantized matrix back to floats: w_row, scales_row, mins_row point at the row's codes and its groups'
-   scale / minimum (mins_row NULL for int8). Also the embedding lookup of the fused decode step. */
-void minillm_dequant_row(int kind, const void *w_row, const uint16_t *scales_row, const uint16_t *mins_row, int64_t K,
-                         int64_t G, float *o) {
+   scale / minimum (mins_row NULL for int8). Also the embedding lookup of the fused decode step. `restrict`: without
+   it gcc 12 versions the vectorized loops for every possible overlap of the byte codes with the output and took 90 s
+   to compile this file (1 s with it). */
+void minillm_dequant_row(int kind, const void *restrict w_row, const uint16_t *restrict scales_row,
+                         const uint16_t *restrict mins_row, int64_t K, int64_t G, float *restrict o) {
     for (int64_t g = 0; g < K / G; g++) {
         const float d = half_to_float(scales_row[g]);
         if (kind == 1) {
