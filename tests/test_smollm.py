@@ -38,6 +38,19 @@ def test_logits_match_transformers(smollm, hf_smollm, prompt_ids):
     assert (ours - ref).abs().max().item() <= 1e-3
 
 
+def test_bench_peer_holds_transformers_own_gguf_weights(smollm, hf_smollm):
+    """`bench throughput` builds transformers' Llama from minillm's dequantized weights (transformers' GGUF import
+    is ~30 s): they must be the very tensors transformers' import makes, from a quantized load as from a float one."""
+    from minillm.bench.throughput import load_hf_peer
+    from minillm.loading.loader import load_model
+    ref = hf_smollm.state_dict()
+    for loaded in (smollm, load_model(smollm.path, "float32", quantization="auto")):
+        peer = load_hf_peer(loaded).state_dict()
+        assert set(peer) == set(ref)
+        bad = [k for k in ref if peer[k].dtype != ref[k].dtype or not torch.equal(peer[k], ref[k])]
+        assert not bad, bad[:5]
+
+
 def test_greedy_tokens_match_transformers_generate(smollm, hf_smollm):
     # A story opening keeps the model talking: 32 tokens without EOS in both engines.
     ids = smollm.tokenizer.encode("Once upon a time, in a small village by the sea, there lived an old fisherman who")

@@ -90,15 +90,33 @@ def _warm_up(engine: LLMEngine) -> None:
     engine.num_steps = 0
 
 
-def load_hf_peer(path, dtype: torch.dtype):
-    """transformers' own model on the same checkpoint (a GGUF file or a Hugging Face directory)."""
-    from pathlib import Path
+def load_hf_peer(loaded) -> torch.nn.Module:
+    """transformers' own Llama on the same weights as `loaded` (a LoadedModel), in its dtype.
 
-    from transformers import AutoModelForCausalLM
-    path = Path(path)
-    if path.is_dir():
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    A Hugging Face directory loads as transformers loads it. A GGUF file's weights come from minillm's loader,
+    dequantized to float (test_smollm checks they equal transformers' own GGUF import): transformers' GGUF path
+    takes ~30 s for SmolLM2 here (it parses the vocabulary twice and maps names per tensor), minillm's ~1 s; the
+    peer's speed is its model code's, wherever the numbers came from."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from minillm.loading.loader import load_model
+    from minillm.parallel.shard_util import hf_config, hf_state
+    dtype = loaded.model.dtype
+    if loaded.path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(loaded.path, dtype=dtype).eval()
+    model = loaded.model
+    if any(m.quant is not None for _, m in model.quantizable()):
+        model = load_model(loaded.path, dtype, quantization="none").model
+    hf = LlamaForCausalLM(LlamaConfig(**hf_config(model.cfg)))
+    state = dict(hf_state(model))
+    if model.cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"transformers' Llama and minillm's weights differ: missing {missing}, unexpected "
+                           f"{unexpected}")
+    hf.tie_weights()
+    return hf.to(dtype).eval()
 
 
 @torch.inference_mode()

@@ -28,7 +28,7 @@ import tempfile
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
+from minillm.grading.core import (NOT_IMPLEMENTED, GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
                                   minillm_objects, reject_delegation, run_property, seal)
 from minillm.testing import PagedCase, make_paged_case
 
@@ -626,6 +626,24 @@ def _child_verdict(proc, tmp: str) -> GradingError | None:
                         + (lines[-1] if lines else "no message"))
 
 
+def _untouched(src: str, name: str) -> bool:
+    """The starter's body: nothing but `raise NotImplementedError(...)` (after a docstring)."""
+    import ast
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return False
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if fn is None:
+        return False
+    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and \
+        isinstance(fn.body[0].value, ast.Constant) and isinstance(fn.body[0].value.value, str) else fn.body
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
 def verify_lab03_3(kernel):
     """The kernel's property in the interpreter (in a child process) and, meanwhile, its AOT compile for sm80 with
     the engine's compile_for_gpu_target; the property's verdict comes first."""
@@ -637,6 +655,8 @@ def verify_lab03_3(kernel):
         fail(f"the checker could not read your kernel's source ({type(e).__name__}: {e}); it runs the kernel from "
              "its source in a separate process.",
              "define the kernel with @triton.jit in a notebook cell (or a .py file), not through exec().")
+    if _untouched(src, kernel.fn.__name__):      # the child would only say so, ~3 s later
+        raise GradingError(NOT_IMPLEMENTED)
     with tempfile.TemporaryDirectory(prefix="minillm-lab03-") as tmp:
         src_path, result_path, progress_path = (os.path.join(tmp, f) for f in ("kernel.py", "result.json", "case"))
         with open(src_path, "w") as f:

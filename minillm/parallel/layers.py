@@ -165,6 +165,18 @@ class Quantizable:
                             f"{type(qw).__name__}")
         self.set_quantized(qw)
 
+    def dequantize_(self) -> None:
+        """Hold this layer's weight as the float Parameter its quantized form stands for (the oracle a quantized
+        layer is compared with); a float layer is left as it is."""
+        qw = self.quant
+        if qw is None:
+            return
+        w = qw.dequantize()
+        for name in ("qweight", "scales", "mins", "smooth"):
+            self._buffers.pop(name, None)
+        self.quant = None
+        self.weight = nn.Parameter(w, requires_grad=False)
+
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """x times this rank's matrix (transposed); no communication, no bias."""
         if self.quant is None:

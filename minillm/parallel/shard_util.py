@@ -2,9 +2,11 @@
 can be re-sharded for tensor or pipeline parallelism (tests, the lab, the bench)."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
+
+from minillm.config import ModelConfig
 
 from minillm.models.llama import LlamaModel
 
@@ -27,3 +29,19 @@ def hf_state(model: LlamaModel) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, p
         else:
             yield "model." + name, p
+
+
+def hf_config(cfg: ModelConfig, eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
+    """The config.json of a Hugging Face Llama directory holding this model."""
+    out = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "eos_token_id": cfg.eos_token_id if eos_token_id is None else eos_token_id,
+        "bos_token_id": cfg.bos_token_id}
+    if cfg.rope_scaling is not None:
+        out["rope_scaling"] = dict(cfg.rope_scaling)
+    return out
