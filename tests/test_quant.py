@@ -16,8 +16,8 @@ from minillm.quant.formats import (QuantizedWeight, QuantSpec, pack_int4, quanti
 from minillm.quant.gguf import from_blocks, to_blocks
 from minillm.quant.policy import check_quantization
 
-# The kernel's only approximation is its int16 activations (per block of 32): relative error ~1e-5 on a layer's
-# output. 1e-3 leaves room for float summation order and still fails any wrong scale, group or nibble (those are
+# The kernel's only approximation is its int16 activations (per block of 32): error ~1e-5 of max|x| * sum|w| on a
+# layer's output. 1e-3 leaves room for float summation order and still fails any wrong scale, group or nibble (those are
 # errors of order 1).
 KERNEL_RTOL = 1e-3
 VARIANTS = ["c", "scalar"]
@@ -107,8 +107,12 @@ def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blo
         y = cpu_qgemm.qlinear(x, qw)
     ref = cpu_qgemm.reference(x.float(), qw)
     assert y.dtype == x.dtype and y.shape == (m, n)
-    err = (y.float() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-6)
-    assert float(err.max()) < (1e-2 if bf16 else KERNEL_RTOL)   # bf16 output rounding: 2^-8 relative
+    # relative to what bounds both approximations (a step of the row's largest activation, a rounding of each
+    # product), max|x| * sum|w|, not to the output itself: an output that cancels to ~0 would make any error huge
+    scale = x.float().abs().amax(1, keepdim=True) * qw.dequantize().abs().sum(1)
+    err = (y.float() - ref).abs() / scale.clamp_min(1e-6)
+    bf16_product = bf16 or (m >= cpu_qgemm.BATCHED_MIN_ROWS and cpu_qgemm.batched_path() == "bf16")
+    assert float(err.max()) < (1e-2 if bf16_product else KERNEL_RTOL)   # bf16 rounding: 2^-8 relative
 
 
 @pytest.mark.parametrize("spec", [QuantSpec("int4", 64), QuantSpec("int8"), QuantSpec("int8", 32)])
@@ -290,7 +294,9 @@ def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(s
         worst = max(worst, max(float((x - y).abs().max()) for x, y in zip(a_lg[:n + 1], f_lg[:n + 1])))
         agree, total = agree + n, total + len(a_ids)
     print(f"greedy agreement {agree}/{total} tokens before the first divergence; worst logit diff {worst:.4f}")
-    assert worst < 0.05
+    # the prompts' prefill runs the batched path: a bfloat16 one (AVX-512 machines) rounds activations to 8 bits
+    # (measured 0.32 with MINILLM_QGEMM_BATCHED=bf16, 48/48 tokens agreeing)
+    assert worst < (0.5 if cpu_qgemm.batched_path() == "bf16" else 0.05)
     assert agree >= 0.9 * total
 
 

@@ -6,10 +6,11 @@
   integer kernel on the packed weights; from there on (prefill, batched decode) the BATCHED_PATH (see the table at
   the constant): by default a float16 copy of the weight (FBGEMM), made on the first such call.
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
-The kernel differs from the reference by its dynamic int16 activations (per block of 32), the fp16 batched path by
-float16 weights: tests/test_quant.py and tests/test_w8a8.py state the tolerances. MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
-MINILLM_QGEMM_BATCHED=fp16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the
-layers' SmoothQuant factors, which load_model then calibrates).
+The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
+their 16-bit copies: tests/test_quant.py and tests/test_w8a8.py state the tolerances. MINILLM_QGEMM=scalar builds
+the kernel without SIMD (the portable loop, for tests and A/B runs); MINILLM_QGEMM_BATCHED=fp16|bf16|w8a8|float|
+dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the layers' SmoothQuant
+factors, which load_model then calibrates).
 """
 from __future__ import annotations
 
@@ -72,7 +73,16 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 
 # Weight-only layers with at least BATCHED_MIN_ROWS activation rows run BATCHED_PATH instead of the C kernel:
 #   fp16     an FBGEMM float16 copy made once (2 bytes per weight), float32 activations and accumulation: the weight
-#            rounded to 11 bits (<= 2^-12 relative; tests/test_w8a8.py states the tolerance)
+#            rounded to 11 bits (<= 2^-12 relative; tests/test_w8a8.py states the tolerance). No faster than float32
+#            here (FBGEMM widens the weights to float32 before the FMAs) but half its memory.
+#   bf16     a bfloat16 copy made once (2 bytes per weight), activations rounded to bfloat16, oneDNN's GEMM: the
+#            weight and the activations rounded to 8 bits, the output to bfloat16 (<= ~1 % of a row's largest
+#            output; torch has no bf16 x bf16 -> float32 GEMM on CPU). Opt-in: on the AVX-512 (avx512_bf16) machine
+#            of ../shared/NOTES.md a 576x1536 layer ran 2x faster than float32 at 16 rows and 4x at 256 (here, AVX2,
+#            torch emulates bfloat16: 6-9x slower), but the rounding flips SmolLM2's near-ties: its greedy answer to
+#            "What is the capital of France?" starts with "The" at logits 25.33 vs 25.24 for "L" in float32 and
+#            fp16; the bfloat16 LM head rounds both to 25.0 and the answer wanders off -- though perplexity moves
+#            only +0.1 % (15.618 -> 15.633, 8 held-out windows of 256 tokens, auto).
 #   float    a float32 copy made once (exact weight-only math; 4 bytes per weight)
 #   w8a8     the weight requantized once to int8 per output channel (times the layer's SmoothQuant factors when
 #            load_model calibrated it: quant/smooth.py) and run as W8A8 (FBGEMM, cpu_w8a8.py). Not the default: on
@@ -112,7 +122,7 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # than the difference, so 16 stays until a quiet re-measure. fp16 is kept over float for half the memory.
 # Re-measure (this script and `bench throughput --quantization auto none --repeat 3`) when csrc/qgemm.c changes.
 BATCHED_MIN_ROWS = 16
-BATCHED_PATHS = ("fp16", "float", "w8a8", "dequant")
+BATCHED_PATHS = ("fp16", "bf16", "float", "w8a8", "dequant")
 BATCHED_PATH = "fp16"
 _exact = threading.local()
 
@@ -181,6 +191,9 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
         lead = x.shape[:-1]
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, qw.shape[1]).float().contiguous(), packed)
         return y.view(*lead, qw.shape[0]).to(x.dtype)
+    if path == "bf16":
+        w = cached(qw, "bf16", lambda: dequantize(qw).to(torch.bfloat16))
+        return F.linear(x.to(torch.bfloat16), w).to(x.dtype)
     if path in ("float", "fp16"):
         return F.linear(x, cached(qw, "float", lambda: dequantize(qw)).to(x.dtype))
     return F.linear(x, dequantize(qw).to(x.dtype))
