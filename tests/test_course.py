@@ -233,6 +233,7 @@ def submit_wrong_lab00(course: Path) -> None:
     nb = nbformat.read(ROOT / "solutions" / "lab00" / "lab00.ipynb", as_version=4)
     [answer] = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "lab00_3_answer"]
     answer.source = WRONG_ROOFLINE
+    nb.cells = [c for c in nb.cells if c.cell_type != "code" or "nbgrader" in c.metadata]   # the solution ran demos
     dest = course / "submitted" / "wrong" / "lab00"
     dest.mkdir(parents=True)
     nbformat.write(nb, dest / "lab00.ipynb")

@@ -393,7 +393,7 @@ for r in sorted(my_outs, key=int):
 # (it is generous to static batching: finished rows leave the batch instead of being padded along, as
 # `transformers.generate` would do; `minillm bench throughput` measures that real baseline).
 #
-# The workload: 10 chat requests (prompts 16–48 tokens, answers 8–40 tokens, EOS ignored so each produces
+# The workload: 8 chat requests (prompts 16–48 tokens, answers 8–32 tokens, EOS ignored so each produces
 # exactly its length), arriving one every 2 engine steps — a steady stream — with at most 4 sequences at once
 # and a 256-token budget, prefix caching off so only the batching policy differs. The mix is decode-heavy on
 # purpose: both policies do exactly the same prefill work, and on this CPU prefill is slow (compute-bound: a
@@ -421,8 +421,8 @@ class StaticBatchScheduler(Scheduler):
 
 
 # %%
-workload = make_workload(tok, WorkloadSpec(num_requests=10, min_prompt=16, max_prompt=48, min_output=8,
-                                           max_output=40, seed=1))
+workload = make_workload(tok, WorkloadSpec(num_requests=8, min_prompt=16, max_prompt=48, min_output=8,
+                                           max_output=32, seed=1))
 mixed = [(r.prompt_token_ids, SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
          for r in workload]
 bench = LLMEngine.from_model(model, tok, block_size=16, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=256,
