@@ -404,7 +404,7 @@ plt.show()
 # %% [markdown]
 # ## Measurement: acceptance and speedup, predictable vs open-ended text
 #
-# Two tasks, two prompts each, 48 greedy tokens, with and without speculation (your pieces, `k = 4`):
+# Two tasks, two prompts each, 32 greedy tokens, with and without speculation (your pieces, `k = 4`):
 #
 # 1. **repeat a passage** — the output copies the prompt, so n-gram guesses are mostly right;
 # 2. **chat** — open-ended writing: few n-grams of the output appeared before, and guesses are rarely right.
@@ -421,7 +421,7 @@ plt.show()
 # %%
 WORKLOADS = {"repeat a passage": [build_prompt_ids(tok, REWRITE + text) for text in PASSAGES],
          "chat": [build_prompt_ids(tok, prompt) for prompt in CHAT[:2]]}
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 timed = TimedProposer(NgramProposer(lookup=find_ngram_draft))
 engine_spec.plug(proposer=timed, rejection_sampler=RejectionSampler(rule=rule))
 step_log = []
