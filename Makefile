@@ -43,7 +43,7 @@ demo: $(STAMP)  ## a short tour: chat answers from the default model, then speed
 # (tests check behaviour, not speed; notebooks executed by the tests inherit the setting). worksteal: an idle
 # worker takes queued tests from a busy one, so the long notebook runs overlap instead of queueing on one worker.
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-test: $(STAMP)  ## the whole test suite, notebooks and nbgrader round trips included (~13 min)
+test: $(STAMP)  ## the whole test suite, notebooks and nbgrader round trips included (~14 min)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 test-fast: $(STAMP)  ## the quick subset: skips tests marked slow (~2.5 min)

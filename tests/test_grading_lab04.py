@@ -105,6 +105,7 @@ def test_rejects_the_oracle_under_learner_code():
     rejected(check_lab04_1, learner("Peek", schedule_running=schedule_running), "grader's reference answer")
 
 
+@pytest.mark.slow    # ~4-7 s: the quick subset stays under 3 minutes
 def test_instances_are_accepted():
     from minillm.config import SchedulerConfig
     from minillm.kv.block_manager import BlockManager

@@ -23,6 +23,7 @@ def engine_rule(target_probs, draft_token_ids, draft_probs, generator):
     return RejectionSampler()(target_probs, [draft_token_ids], [draft_probs], [generator])[0]
 
 
+@pytest.mark.slow    # ~4-7 s: the quick subset stays under 3 minutes
 def test_lab07_1_minillm_rejection_sampler_passes():
     TASKS["lab07_1"].verify(engine_rule)
 
@@ -122,6 +123,7 @@ def half_global_rule(p, d, q, g):               # the test from the generator, t
     return out + [int(torch.distributions.Categorical(probs=p[len(d)]).sample())]
 
 
+@pytest.mark.slow    # ~4-7 s: the quick subset stays under 3 minutes
 def test_lab07_1_randomness_must_come_from_the_generator():
     rejected(check_lab07_1, global_rng_rule, "global RNG although a generator was given")
     rejected(check_lab07_1, half_global_rule, "global RNG although a generator was given")

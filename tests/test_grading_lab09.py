@@ -247,6 +247,7 @@ def test_lab09_3_wrong_versions_fail_with_their_diagnosis(name):
     rejected(check_lab09_3, make_rules(**kw), needle, "Hint")
 
 
+@pytest.mark.slow    # ~4-7 s: the quick subset stays under 3 minutes
 def test_lab09_3_a_collective_only_some_ranks_call_fails_instead_of_hanging():
     rejected(check_lab09_3, make_rules(row="only_rank0"), "a collective that the other ranks never joined", "Hint")
 

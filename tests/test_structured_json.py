@@ -116,6 +116,7 @@ def random_matches(dfa: DFA, rnd: random.Random, n: int, budget: int = 80) -> li
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
+@pytest.mark.slow    # ~4-7 s: the quick subset stays under 3 minutes
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SCHEMAS, st.randoms(use_true_random=False))
 def test_accepted_texts_validate_and_valid_instances_are_accepted(schema, rnd):
