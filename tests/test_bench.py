@@ -9,7 +9,7 @@ import pytest
 from minillm.bench.kv import kv_bench, replay
 from minillm.bench.throughput import percentile, run_minillm, run_transformers_static, throughput_plot
 from minillm.bench.workload import WorkloadSpec, random_workload
-from tests.tiny_models import load_minillm_from_dir, make_hf_model, save_hf_dir
+from tests.tiny_models import load_minillm_from_dir, make_hf_model, save_hf_dir, tiny_model_dir
 
 SPEC = WorkloadSpec(num_requests=12, min_prompt=8, max_prompt=60, min_output=4, max_output=30, seed=3)
 
@@ -91,11 +91,7 @@ def test_bench_decode_cli():
 def test_bench_prefix_cli_hits_the_shared_prefixes(tmp_path):
     """The CLI end to end on a tiny random model with a chat template (the real model's TTFT ratios are in the
     README; here only the cache accounting matters): every pattern's later requests hit the shared blocks."""
-    from minillm.testing import random_model, save_model_dir, tiny_tokenizer
-    path = save_model_dir(random_model(5, vocab=tiny_tokenizer().vocab_size, max_pos=2048), tmp_path / "m")
-    (path / "chat_template.jinja").write_text(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    path = tiny_model_dir(tmp_path / "m", 2048)         # the long system prompt is ~900 tiny-tokenizer tokens
     p = bench("prefix", "--repeat", "1", "--model", str(path))
     for name in ("system_prompt", "long_system_prompt", "multi_turn"):
         assert p[f"{name}_hit_rate"] > 0, p

@@ -18,7 +18,7 @@ from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
 from minillm.models.llama import ForwardContext
 from minillm.quant.formats import QuantSpec
-from minillm.testing import random_model
+from minillm.testing import dequantized_twin, random_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a CUDA GPU with compiled Triton (TRITON_INTERPRET unset or 0)")
@@ -29,12 +29,6 @@ PROMPT = [3, 17, 99, 5, 64, 2, 31, 8, 120, 45, 7, 11, 90]
 def _model(linear: QuantSpec, head: QuantSpec | None, tie: bool):
     return random_model(seed=5, heads=4, kv_heads=2, head_dim=32, layers=3, vocab=256, tie=tie).quantize_(linear,
                                                                                                           head)
-
-
-def _float_twin(model):
-    """The oracle: a copy whose quantized layers hold their dequantized float weights."""
-    from minillm.testing import dequantized_twin
-    return dequantized_twin(model)
 
 
 def _greedy(model, steps: int, device: str, backend, kv_dtype=torch.float32, block_size: int = 4,
@@ -71,7 +65,7 @@ CASES = [(QuantSpec("int4", 32), QuantSpec("int8"), False), (QuantSpec("int8"), 
 def test_quantized_model_on_cuda_decodes_like_its_float_twin_on_cpu(linear, head, tie):
     from minillm.layers.attention import get_attention_backend
     model = _model(linear, head, tie)
-    twin = _float_twin(model)
+    twin = dequantized_twin(model)
     want_tokens, want = _greedy(twin, 12, "cpu", TorchAttentionBackend())
     model = model.to("cuda")
     assert all(t.is_cuda for _, m in model.quantizable() if m.quant is not None for t in m.quant.tensors())
@@ -86,7 +80,7 @@ def test_quantized_model_on_cuda_decodes_like_its_float_twin_on_cpu(linear, head
 def test_half_precision_quantized_model_on_cuda(dtype):
     """fp16/bf16 activations use the tensor cores; logits stay within that dtype's rounding of the float twin's."""
     model = _model(QuantSpec("int4", 32), QuantSpec("int8"), False)
-    twin = _float_twin(model)
+    twin = dequantized_twin(model)
     want_tokens, want = _greedy(twin, 8, "cpu", TorchAttentionBackend())
     from minillm.layers.attention import TritonAttentionBackend
     model = model.to("cuda", dtype)

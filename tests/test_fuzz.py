@@ -36,7 +36,8 @@ from minillm import LLM, SamplingParams
 from minillm.config import setting_names
 from minillm.engine.llm_engine import LLMEngine
 from minillm.structured.params import StructuredOutputsParams
-from minillm.testing import random_model, save_model_dir, tiny_tokenizer
+from minillm.testing import random_model, tiny_tokenizer
+from tests.tiny_models import tiny_model_dir
 
 CONTEXT = 64          # the tiny model's context window: "over the context" is cheap to reach
 VOCAB = tiny_tokenizer().vocab_size
@@ -49,19 +50,6 @@ def fuzz(max_examples: int):
     return settings(max_examples=max_examples, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
-
-
-# A chat template so that chat mode, LLM.chat and the benches' chat workloads run on the tiny model too.
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def tiny_model_dir(path, context: int):
-    """A tiny random model as a Hugging Face directory (what `--model DIR` and LLM(DIR) take), with a chat
-    template."""
-    path = save_model_dir(random_model(vocab=VOCAB, max_pos=context), path)
-    (path / "chat_template.jinja").write_text(TEMPLATE)
-    return path
 
 
 @pytest.fixture(scope="module")

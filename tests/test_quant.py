@@ -15,6 +15,7 @@ from minillm.quant.formats import (QuantizedWeight, QuantSpec, pack_int4, quanti
                                    unpack_int4)
 from minillm.quant.gguf import from_blocks, to_blocks
 from minillm.quant.policy import check_quantization
+from minillm.testing import dequantized_twin
 
 # The kernel's only approximation is its int16 activations (per block of 32): error ~1e-5 of max|x| * sum|w| on a
 # layer's output. 1e-3 leaves room for float summation order and still fails any wrong scale, group or nibble (those are
@@ -180,12 +181,6 @@ def _tiny(seed: int = 0, tie: bool = False):
     return random_model(seed, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=128, tie=tie)
 
 
-def _dequantized_copy(model):
-    """The same model with every quantized layer replaced by its dequantized float weight: the oracle."""
-    from minillm.testing import dequantized_twin
-    return dequantized_twin(model)
-
-
 @pytest.mark.parametrize("linear, head", [(QuantSpec("int4", 32), QuantSpec("int8")),
                                           (QuantSpec("int8"), QuantSpec("int8", 32)), (QuantSpec("int4", 64), None)])
 @pytest.mark.parametrize("tie", [False, True])
@@ -194,7 +189,7 @@ def test_quantized_model_matches_its_dequantized_twin(linear, head, tie):
     model = _tiny(1, tie).quantize_(linear, head)
     assert all(m.quant is not None for n, m in model.quantizable() if "layers." in n)
     ids = [3, 17, 99, 5, 64, 2, 31, 8, 120, 45, 7]
-    twin = _dequantized_copy(model)          # before any forward: the copy must not share caches
+    twin = dequantized_twin(model)          # before any forward: the copy must not share caches
     got, want = minillm_logits(model, ids), minillm_logits(twin, ids)
     assert float((got - want).abs().max()) < 1e-3 * float(want.abs().max())
 
@@ -223,7 +218,7 @@ def test_quantized_engine_generates_like_the_dequantized_twin():
     from minillm.sampling.params import SamplingParams
     from minillm.testing import tiny_tokenizer
     model = _tiny(2).quantize_(QuantSpec("int4", 32), QuantSpec("int8"))
-    twin = _dequantized_copy(model)
+    twin = dequantized_twin(model)
     prompts = [[5, 9, 33], [100, 4, 4, 4, 7, 8, 9, 10], [77]]
 
     def run(m):

@@ -53,3 +53,17 @@ def minillm_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 from minillm.testing import random_model  # noqa: E402,F401  (the one tiny-model fixture, shared with the graders)
+
+
+# A chat template so that chat mode, LLM.chat and the benches' chat workloads run on the tiny model too.
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_model_dir(path, context: int) -> Path:
+    """A tiny random model (minillm.testing's) as a Hugging Face directory (what `--model DIR` and LLM(DIR) take),
+    with a chat template."""
+    from minillm.testing import save_model_dir, tiny_tokenizer
+    path = save_model_dir(random_model(vocab=tiny_tokenizer().vocab_size, max_pos=context), path)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    return path

@@ -68,7 +68,7 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     mini = runs[quantizations[0]]
     by_bs = {}
     if not args.no_baseline:
-        hf = load_hf_peer(loaded)
+        hf = load_hf_peer(models["none"][0] if "none" in models else loaded)   # a float load: no reload
         pad = loaded.tokenizer.eos_token_id or 0
         for bs in args.baseline_batch_sizes:
             by_bs[bs] = round(run_transformers_static(hf, workload, bs, pad, progress=progress).tok_s, 2)

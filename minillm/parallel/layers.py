@@ -97,6 +97,7 @@ class Quantizable:
     rules' `*_forward` take a float weight, so a quantized layer keeps Megatron's communication itself (a learner's
     rules are refused with quantization: see LlamaModel.quantize_)."""
     quant: QuantizedWeight | None = None
+    QUANT_BUFFERS = ("qweight", "scales", "mins", "smooth")      # QuantizedWeight's tensors, registered as buffers
 
     @property
     def w8a8_smooth(self) -> torch.Tensor | None:
@@ -130,7 +131,7 @@ class Quantizable:
                                  None if qw.smooth is None else qw.smooth.contiguous())
         self.register_parameter("weight", None)
         self.quant = qw
-        for name, t in (("qweight", qw.qweight), ("scales", qw.scales), ("mins", qw.mins), ("smooth", qw.smooth)):
+        for name, t in zip(self.QUANT_BUFFERS, (qw.qweight, qw.scales, qw.mins, qw.smooth)):
             if t is not None:
                 self.register_buffer(name, t)
             else:
@@ -172,7 +173,7 @@ class Quantizable:
         if qw is None:
             return
         w = qw.dequantize()
-        for name in ("qweight", "scales", "mins", "smooth"):
+        for name in self.QUANT_BUFFERS:
             self._buffers.pop(name, None)
         self.quant = None
         self.weight = nn.Parameter(w, requires_grad=False)

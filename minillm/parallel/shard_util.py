@@ -7,7 +7,6 @@ from typing import Any, Iterator
 import torch
 
 from minillm.config import ModelConfig
-
 from minillm.models.llama import LlamaModel
 
 
