@@ -1,7 +1,11 @@
 """Property: decoding token by token with the KV cache gives the logits of recomputing the whole sequence."""
+import gc
+
+import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
+from minillm.kv.cache import zeros_lazily
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
 from minillm.models.llama import ForwardContext
@@ -54,3 +58,18 @@ def test_batched_rows_do_not_interfere():
     ref_a = minillm_logits(model, a + [7])[-1]
     ref_b = minillm_logits(model, b + [8])[-1]
     assert (got[0] - ref_a).abs().max() <= 1e-4 and (got[1] - ref_b).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_lazily_zeroed_pool_reads_zero_and_keeps_its_writes(dtype):
+    """The pool's memory (an anonymous mmap) starts as zeros, takes writes anywhere, and outlives the names that
+    made it; an empty pool is a valid tensor too."""
+    shape = (2, 3, 4099, 8)
+    t = zeros_lazily(shape, dtype, "cpu")
+    assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
+    assert not t.any()
+    gc.collect()
+    t[1, 2, 4098] = 5
+    t[0, 0, 0] = -3
+    assert t.sum().item() == 5 * 8 - 3 * 8
+    assert zeros_lazily((0, 3, 8), dtype, "cpu").shape == (0, 3, 8)

@@ -289,9 +289,10 @@ def test_smollm_auto_keeps_q4_1_and_q8_0_and_agrees_with_the_dequantized_model(s
         worst = max(worst, max(float((x - y).abs().max()) for x, y in zip(a_lg[:n + 1], f_lg[:n + 1])))
         agree, total = agree + n, total + len(a_ids)
     print(f"greedy agreement {agree}/{total} tokens before the first divergence; worst logit diff {worst:.4f}")
-    # the prompts' prefill runs the batched path: a bfloat16 one (AVX-512 machines) rounds activations to 8 bits
-    # (measured 0.32 with MINILLM_QGEMM_BATCHED=bf16, 48/48 tokens agreeing)
-    assert worst < (0.5 if cpu_qgemm.batched_path() == "bf16" else 0.05)
+    # the prompts' prefill runs the batched path: the int16 GEMM rounds weights and activations to 13 bits per 64
+    # inputs (measured 0.064, 48/48 tokens agreeing), a bfloat16 one rounds activations to 8 bits (0.32, 48/48),
+    # fp16 and float copies stay below 0.05
+    assert worst < {"bf16": 0.5, "int16": 0.1}.get(cpu_qgemm.batched_path(), 0.05)
     assert agree >= 0.9 * total
 
 

@@ -4,12 +4,13 @@
 - W8A8 weights (`qw.act == "int8"`): always cpu_w8a8.w8a8_linear (per-token int8 activations at every batch size).
 - Weight-only int8/int4 on CPU with the kernel built: up to BATCHED_MIN_ROWS - 1 activation rows (decode) the
   integer kernel on the packed weights; from there on (prefill, batched decode) the BATCHED_PATH (see the table at
-  the constant): by default a float16 copy of the weight (FBGEMM), made on the first such call.
+  the constant): by default the int16 GEMM (cpu_int16.py: 13-bit weight and activation codes per 64 inputs) on a
+  copy of the weight packed on the first such call; an FBGEMM float16 copy where that kernel cannot be built.
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
-their 16-bit copies: tests/test_quant.py and tests/test_w8a8.py state the tolerances. MINILLM_QGEMM=scalar builds
-the kernel without SIMD (the portable loop, for tests and A/B runs); MINILLM_QGEMM_BATCHED=fp16|bf16|w8a8|float|
-dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the layers' SmoothQuant
+their 16-bit copies: tests/test_quant.py, tests/test_w8a8.py and tests/test_int16_gemm.py state the tolerances.
+MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
+MINILLM_QGEMM_BATCHED=int16|fp16|bf16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the layers' SmoothQuant
 factors, which load_model then calibrates).
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from minillm.kernels import cpu_native
 from minillm.kernels import cpu_w8a8
+from minillm.kernels import cpu_int16
 from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 
@@ -72,6 +74,13 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 
 
 # Weight-only layers with at least BATCHED_MIN_ROWS activation rows run BATCHED_PATH instead of the C kernel:
+#   int16    the default (2026-11-28): the weight packed once into 13-bit codes per (output, 64 inputs), stored as
+#            int16 (2 bytes per weight), the activations quantized per call to 13 bits per (row, 64 inputs), and a
+#            vpmaddwd GEMM (csrc/int16_gemm.c). 1.2-1.3x float32 at 2048 rows, 1.5-2.3x at 16-64 rows, 2.4-5x
+#            for the LM head (tools/measure_qgemm.py); the error is ~1e-4 of a layer's largest output
+#            (SmolLM2's logits within 0.064 of the exact product, perplexity in README). Falls back to fp16
+#            when the kernel cannot be built (no compiler, no AVX2) or K is odd; NaN/inf inputs take the float
+#            product so they propagate.
 #   fp16     an FBGEMM float16 copy made once (2 bytes per weight), float32 activations and accumulation: the weight
 #            rounded to 11 bits (<= 2^-12 relative; tests/test_w8a8.py states the tolerance). No faster than float32
 #            here (FBGEMM widens the weights to float32 before the FMAs) but half its memory.
@@ -121,9 +130,10 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # float 1.31x, w8a8 1.17x; fp16 from 4 rows 1.62x but 0.56x in its other round -- this machine's noise is larger
 # than the difference, so 16 stays until a quiet re-measure. fp16 is kept over float for half the memory.
 # Re-measure (this script and `bench throughput --quantization auto none --repeat 3`) when csrc/qgemm.c changes.
+# The table predates the int16 path; tools/measure_qgemm.py now times it too (row "int16").
 BATCHED_MIN_ROWS = 16
-BATCHED_PATHS = ("fp16", "bf16", "float", "w8a8", "dequant")
-BATCHED_PATH = "fp16"
+BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8", "dequant")
+BATCHED_PATH = "int16"
 _exact = threading.local()
 
 
@@ -134,6 +144,8 @@ def batched_path() -> str:
     p = os.environ.get("MINILLM_QGEMM_BATCHED", BATCHED_PATH).lower()
     if p not in BATCHED_PATHS:
         raise ValueError(f"MINILLM_QGEMM_BATCHED={p!r}: use one of {', '.join(BATCHED_PATHS)}")
+    if p == "int16" and not cpu_int16.available():
+        return "fp16"
     return p
 
 
@@ -184,6 +196,13 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
     built on the first call and kept in qw.cache (qw.cache_nbytes counts them). `smooth`: the layer's SmoothQuant
     factors, for a W8A8 copy."""
     path = path or batched_path()
+    if path == "int16" and x.device.type == "cpu" and cpu_int16.supports(qw.shape[1]) and cpu_int16.available():
+        y = cpu_int16.linear(x, cached(qw, "int16", lambda: cpu_int16.pack(dequantize(qw))))
+        if y is not None:
+            return y
+        return F.linear(x, dequantize(qw).to(x.dtype))      # NaN or inf in x: the float product propagates them
+    if path == "int16":
+        path = "fp16"                                       # odd K, or no AVX2 kernel
     if path == "w8a8":
         return w8a8_linear(x, requantized(qw, smooth))
     if path == "fp16" and x.device.type == "cpu" and cpu_w8a8.fbgemm_available():

@@ -109,6 +109,8 @@ def cached(qw: QuantizedWeight, name: str, build):
 def _bytes_of(obj, qw: QuantizedWeight, name: str) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
+    if hasattr(obj, "nbytes"):              # cpu_int16.PackedInt16
+        return obj.nbytes
     if isinstance(obj, QuantizedWeight):    # a requantized copy; tensors left on "meta" hold no memory
         return sum(t.numel() * t.element_size() for t in obj.tensors() if t.device.type != "meta")
     n, k = qw.shape             # FBGEMM's packed matrices: int8 (+ column offsets and scales) or float16

@@ -14,6 +14,7 @@ through write(), readers either dequantize a gather (gather()) or read q and sca
 from __future__ import annotations
 
 import math
+import mmap
 
 import torch
 
@@ -23,13 +24,18 @@ from minillm.kv.int8 import SCALE_BYTES, SCALE_DTYPE, dequantize_rows, quantize_
 
 def zeros_lazily(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """Zeros whose pages are committed only when first written, on CPU: a pool sized for a large budget costs
-    nothing until it holds KV (torch.zeros would write every byte up front). calloc, through numpy, gives
-    pages the OS zero-fills on first touch."""
+    nothing until it holds KV (torch.zeros would write every byte up front). An anonymous mmap gives pages the OS
+    zero-fills on first touch. Not numpy's calloc (what this was until 2026-11-28): numpy advises huge pages for
+    large arrays, and a KV block touches one 4 KiB page per (layer, head) scattered over the pool, so each first
+    touch went through the kernel's huge-page path: writing 40 sequences x 400 tokens of SmolLM2's float32 KV into a
+    fresh pool took 4.4 s that way and 0.9-1.1 s from a plain mmap (tools/measure_kv_touch.py), and `bench
+    throughput` spent ~5 % of its time in those first writes."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    import numpy as np
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 def pool_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -9,7 +9,7 @@
     w8a8  every linear layer and the LM head int8 per output channel with int8 activations quantized per token at
           run time (formats.py; FBGEMM on CPU); the embedding lookup reads the same int8 table
 Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
-on the first such step (cpu_qgemm.BATCHED_PATH: float16 by default); describe() reports the memory it holds.
+on the first such step (cpu_qgemm.BATCHED_PATH: the int16 GEMM by default); describe() reports the memory it holds.
 w8a8 and the W8A8 batched copies (MINILLM_QGEMM_BATCHED=w8a8) are SmoothQuant-calibrated when load_model reads a
 whole model (quant/smooth.py).
 """

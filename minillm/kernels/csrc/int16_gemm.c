@@ -1,0 +1,138 @@
+/* Batched quantized linear layers on the CPU (prefill, decode batches of 16+ rows): y[M, N] = x[M, K] W[N, K]^T
+   in 16-bit integer arithmetic. Both operands are quantized per chunk of 64 inputs to 13-bit codes: W once (Python,
+   cpu_int16.pack) to codes q with a scale per (output column, chunk), x on every call (here) to codes p with a
+   scale per (row, chunk):
+
+     y[m, n] = sum_chunks sx[m, c] * sw[c, n] * sum_{k in c} p[m, k] q[n, k]
+
+   Why this shape. At 16+ rows a layer is compute-bound, and vpmaddwd (16 int16 products summed in pairs into 8
+   int32 lanes) does twice the products of a float32 FMA per instruction; on this AVX2 EPYC it ran 1.2-5x torch's
+   float32 linear on SmolLM2's shapes (most at 16-64 rows, where MKL's float GEMM is least efficient). The bits
+   are split by what SmolLM2 needs: its weights (int4 groups of 32 from the GGUF) re-rounded to 8 bits per output
+   channel moved some layers' outputs by up to 6 % (a few large weights set the row's step), hence scales per 64
+   inputs; activations (outlier channels up to ~2000x the median) lost 5e-5 at 16 bits per 256 inputs but 4e-4-1e-3
+   at 12 bits per 64 while 14-bit weights lost 1e-4, so both get 13 bits (SmolLM2's logits within 0.064 of the
+   float product's, greedy tokens equal: tests/test_quant.py). The products stay inside int32 for a whole chunk:
+   64 * 4095 * 4095 = 1.07e9 < 2^31, and each chunk's int32 sums are scaled into the float output.
+
+   The GEMM is a 4 x 24 register tile (4 activation rows, 24 output columns = 3 vectors of 8 int32): per pair of
+   inputs, 3 weight loads, 4 broadcasts of an activation pair, 12 vpmaddwd + 12 vpaddd into 12 accumulators. The
+   weights are packed as int16 [N/24][K/2][24][2], so a tile's weights for one pair of inputs are 96 contiguous
+   bytes. Threads (OpenMP, torch's count) split (64-row block, 24-column block) tasks. */
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define W16_AVX2 1
+#else
+#define W16_AVX2 0
+#endif
+
+#define CHUNK 64
+#define PMAX 4095.0f     /* activation codes: 13 bits */
+#define TN 24
+#define TM 4
+
+int minillm_int16_simd(void) { return W16_AVX2; }
+
+/* Row m of x -> int16 codes p (K of them) and one scale per chunk. Returns 0, or 1 when the row holds NaN or inf. */
+static int quantize_row(const float *x, int64_t K, int16_t *p, float *sx) {
+    for (int64_t c0 = 0, c = 0; c0 < K; c0 += CHUNK, c++) {
+        const int64_t c1 = c0 + CHUNK < K ? c0 + CHUNK : K;
+        float amax = 0.0f;
+        int bad = 0;
+        for (int64_t k = c0; k < c1; k++) {
+            const float a = fabsf(x[k]);
+            bad |= !(a <= FLT_MAX);             /* NaN fails every comparison; fmaxf would skip it */
+            amax = a > amax ? a : amax;
+        }
+        if (bad) return 1;
+        const float s = amax / PMAX, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int64_t k = c0; k < c1; k++) p[k] = (int16_t)nearbyintf(x[k] * inv);
+        sx[c] = s;
+    }
+    return 0;
+}
+
+#if W16_AVX2
+#define DP(a, b, w) a = _mm256_add_epi32(a, _mm256_madd_epi16(b, w))
+/* One chunk of one tile: acc[r][0..24) = sum over the chunk's input pairs of p[r, k] q[col, k], as int32. noinline and
+   results through memory: inlined into the chunk loop with the flush below, gcc spilled 8 of the 12 accumulators to
+   the stack inside the hot loop (2.5x slower); alone it keeps all 12 in registers. */
+__attribute__((noinline)) static void chunk(const int16_t *p, int64_t K, int64_t npairs, const int16_t *w,
+                                            int32_t acc[TM][TN]) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+            a9 = a0, a10 = a0, a11 = a0;
+    const int32_t *x0 = (const int32_t *)p, *x1 = (const int32_t *)(p + K), *x2 = (const int32_t *)(p + 2 * K),
+                  *x3 = (const int32_t *)(p + 3 * K);
+    for (int64_t j = 0; j < npairs; j++, w += 2 * TN) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16)),
+                      w2 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        __m256i b;
+        b = _mm256_set1_epi32(x0[j]); DP(a0, b, w0); DP(a1, b, w1); DP(a2, b, w2);
+        b = _mm256_set1_epi32(x1[j]); DP(a3, b, w0); DP(a4, b, w1); DP(a5, b, w2);
+        b = _mm256_set1_epi32(x2[j]); DP(a6, b, w0); DP(a7, b, w1); DP(a8, b, w2);
+        b = _mm256_set1_epi32(x3[j]); DP(a9, b, w0); DP(a10, b, w1); DP(a11, b, w2);
+    }
+#define ST(r, v, a) _mm256_storeu_si256((__m256i *)(acc[r] + 8 * (v)), a);
+    ST(0, 0, a0) ST(0, 1, a1) ST(0, 2, a2) ST(1, 0, a3) ST(1, 1, a4) ST(1, 2, a5)
+    ST(2, 0, a6) ST(2, 1, a7) ST(2, 2, a8) ST(3, 0, a9) ST(3, 1, a10) ST(3, 2, a11)
+}
+
+/* y[m0..m0+4, nb*24 .. +24] = sum over chunks of sx * sw * (the chunk's int32 sums), one 24-column block; sw
+   points at the block's first column of chunk 0 (chunk c's scales are N floats further per chunk). */
+static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, const int16_t *wb, const float *sw,
+                 float *y, int64_t N) {
+    int32_t acc[TM][TN] __attribute__((aligned(32)));
+    for (int64_t c = 0; c < nchunks; c++) {
+        const int64_t k0 = c * CHUNK, k1 = k0 + CHUNK < K ? k0 + CHUNK : K;
+        chunk(p + k0, K, (k1 - k0) / 2, wb + k0 * TN, acc);
+        for (int r = 0; r < TM; r++) {
+            const __m256 f = _mm256_set1_ps(sx[r * nchunks + c]);
+            float *o = y + r * N;
+            for (int v = 0; v < 3; v++) {
+                const __m256 a = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(acc[r] + 8 * v)));
+                const __m256 prev = c ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
+                _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(sw + c * N + 8 * v), f), prev));
+            }
+        }
+    }
+}
+#endif
+
+/* x [M, K] float32 (rows x_stride apart), wp the packed int16 weights of N output columns (N a multiple of 24),
+   sw [ceil(K/64), N]; y [Mp, N] float32 with Mp = ceil(M/4)*4 (the rows past M are scratch). K even. p [Mp, K] int16 and
+   sx [Mp, ceil(K/64)] float32 are the caller's scratch (kept between calls: a fresh buffer of this size is a fresh
+   mmap whose page faults cost more than the quantization). Returns 0; -2 when x holds NaN or inf (the caller then
+   takes the float path, which propagates them); -3 when built without AVX2. */
+int minillm_int16_gemm(const float *x, int64_t M, int64_t K, int64_t x_stride, const int16_t *wp, const float *sw,
+                       int64_t N, float *y, int16_t *p, float *sx, int nthreads) {
+#if W16_AVX2
+    const int64_t Mp = (M + TM - 1) / TM * TM, nchunks = (K + CHUNK - 1) / CHUNK;
+    memset(p + M * K, 0, sizeof(int16_t) * (size_t)((Mp - M) * K));
+    memset(sx + M * nchunks, 0, sizeof(float) * (size_t)((Mp - M) * nchunks));
+    int bad = 0;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(| : bad) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) bad |= quantize_row(x + m * x_stride, K, p + m * K, sx + m * nchunks);
+    if (bad) return -2;
+    /* Tasks are (64-row block, 24-column block): a task's activations (64 x K int16) and weights (24 x K) both
+       stay in L2 while its 16 tiles run. */
+    const int64_t nblocks = N / TN, mb_tiles = 64 / TM, nmb = (Mp / TM + mb_tiles - 1) / mb_tiles;
+#pragma omp parallel for schedule(static) collapse(2) num_threads(nthreads)
+    for (int64_t mb = 0; mb < nmb; mb++)
+        for (int64_t nb = 0; nb < nblocks; nb++) {
+            const int64_t t1 = (mb + 1) * mb_tiles < Mp / TM ? (mb + 1) * mb_tiles : Mp / TM;
+            for (int64_t t = mb * mb_tiles; t < t1; t++)
+                tile(p + t * TM * K, K, nchunks, sx + t * TM * nchunks, wp + nb * K * TN, sw + nb * TN,
+                     y + t * TM * N + nb * TN, N);
+        }
+    return 0;
+#else
+    (void)x; (void)M; (void)K; (void)x_stride; (void)wp; (void)sw; (void)N; (void)y; (void)p; (void)sx; (void)nthreads;
+    return -3;
+#endif
+}
