@@ -98,7 +98,8 @@ def matmul_paths(quantization: str, model=None) -> str:
         return f"W8A8 ({cpu_w8a8.impl()}) at every size"
     smoothed = model is not None and any(m.w8a8_smooth is not None for _, m in model.quantizable())
     path = cpu_qgemm.batched_path()
-    copy = "a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed else f"a {path} copy"
+    copy = ("a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed
+            else "the int16 GEMM on a packed copy" if path == "int16" else f"a {path} copy")
     return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows (one fused C call per decode step), {copy} "
             f"from {cpu_qgemm.BATCHED_MIN_ROWS} rows (layers a float checkpoint left float: float GEMM)")
 

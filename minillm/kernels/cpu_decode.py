@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,10 +57,8 @@ def enabled() -> bool:
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled step (decode_step.c linked with the matmul and attention kernels), or None without a compiler."""
-    try:
-        lib = ctypes.CDLL(str(cpu_native.build(source=SOURCES)))
-    except (RuntimeError, OSError) as e:
-        warnings.warn(f"fused C decode step unavailable, running the layers: {e}", RuntimeWarning)
+    lib = cpu_native.open_library(SOURCES, "fused C decode step", "running the layers")
+    if lib is None:
         return None
     lib.minillm_decode_step.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P, _I,
                                         ctypes.c_int]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +33,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built or the CPU has no AVX2 (callers use another path)."""
-    try:
-        lib = ctypes.CDLL(str(cpu_native.build(source=SOURCE)))
-    except (RuntimeError, OSError) as e:
-        warnings.warn(f"int16 GEMM kernel unavailable, batched steps use another path: {e}", RuntimeWarning)
+    lib = cpu_native.open_library(SOURCE, "int16 GEMM kernel", "batched steps use another path")
+    if lib is None:
         return None
     lib.minillm_int16_gemm.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _P, _P, ctypes.c_int]
     lib.minillm_int16_gemm.restype = ctypes.c_int

@@ -47,6 +47,16 @@ def _cpu_signature() -> str:
         return platform.processor()
 
 
+def open_library(source: Path | tuple[Path, ...], what: str, instead: str,
+                 extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """build() then load `source`; on failure warn "`what` unavailable, `instead`" and return None (callers fall back)."""
+    try:
+        return ctypes.CDLL(str(build(source=source, extra_flags=extra_flags)))
+    except (RuntimeError, OSError) as e:
+        warnings.warn(f"{what} unavailable, {instead}: {e}", RuntimeWarning)
+        return None
+
+
 def build(compiler: str | None = None, out_dir: Path | None = None, source: Path | tuple[Path, ...] = SOURCE,
           extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile C files beside this module (the attention kernel by default; several files link into one library)

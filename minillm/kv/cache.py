@@ -35,7 +35,11 @@ def zeros_lazily(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
+    try:
+        buf = mmap.mmap(-1, nbytes)
+    except (OSError, OverflowError) as e:      # past the address space or the overcommit limit
+        raise MemoryError(f"cannot map {nbytes} bytes: {e}") from None
+    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def pool_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
