@@ -39,10 +39,43 @@
 
 int minillm_int16_simd(void) { return W16_AVX2; }
 
+#if W16_AVX2
+/* A whole chunk (64 floats) in registers: 8 vectors for the maximum and the NaN/inf check, then scale, round to
+   nearest even (cvtps's default mode, as nearbyintf and torch.round), pack to int16. Returns 1 on NaN or inf. */
+static int quantize_chunk64(const float *x, int16_t *p, float *sx) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(FLT_MAX);
+    __m256 v[8], mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int i = 0; i < 8; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        const __m256 a = _mm256_and_ps(v[i], absmask);
+        mx = _mm256_max_ps(mx, a);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));    /* true for NaN and for |x| > FLT_MAX */
+    }
+    if (_mm256_movemask_ps(bad)) return 1;
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float s = _mm_cvtss_f32(m4) / PMAX, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int i = 0; i < 8; i += 2) {
+        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi)), b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], vi));
+        _mm256_storeu_si256((__m256i *)(p + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+    }
+    *sx = s;
+    return 0;
+}
+#endif
+
 /* Row m of x -> int16 codes p (K of them) and one scale per chunk. Returns 0, or 1 when the row holds NaN or inf. */
 static int quantize_row(const float *x, int64_t K, int16_t *p, float *sx) {
     for (int64_t c0 = 0, c = 0; c0 < K; c0 += CHUNK, c++) {
         const int64_t c1 = c0 + CHUNK < K ? c0 + CHUNK : K;
+#if W16_AVX2
+        if (c1 - c0 == 64) {
+            if (quantize_chunk64(x + c0, p + c0, sx + c)) return 1;
+            continue;
+        }
+#endif
         float amax = 0.0f;
         int bad = 0;
         for (int64_t k = c0; k < c1; k++) {
