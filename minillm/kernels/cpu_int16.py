@@ -27,6 +27,7 @@ CHUNK = 64           # inputs per scale (csrc/int16_gemm.c): 64 * PMAX * QMAX < 
 PMAX = 4095          # activation codes: 13 bits
 QMAX = 4095          # weight codes: 13 bits
 TILE_N = 24          # output columns per packed block
+TILE_M = 4           # activation rows per register tile (y gets rows up to a multiple of it)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -48,7 +49,7 @@ def available() -> bool:
 
 @dataclass
 class PackedInt16:
-    """14-bit codes stored as int16 tiles [N_pad/24, K/2, 24, 2] and a float scale per (chunk, output column)."""
+    """13-bit codes stored as int16 tiles [N_pad/24, K/2, 24, 2] and a float scale per (chunk, output column)."""
     tiles: torch.Tensor          # int16
     scales: torch.Tensor         # float32 [ceil(K/CHUNK), N_pad] (0 for padding columns)
     n: int                       # output columns (before padding to a multiple of 24)
@@ -69,21 +70,38 @@ def supports(k: int) -> bool:
     return k % 2 == 0
 
 
+def _chunk_amax(t: torch.Tensor) -> torch.Tensor:
+    """max |t| per (row, chunk of CHUNK inputs): [rows, ceil(K/CHUNK)] (a last, shorter chunk is padded with 0)."""
+    rows, k = t.shape
+    nchunks = -(-k // CHUNK)
+    return torch.nn.functional.pad(t.abs(), (0, nchunks * CHUNK - k)).view(rows, nchunks, CHUNK).amax(dim=2)
+
+
+def _per_input(per_chunk: torch.Tensor, k: int) -> torch.Tensor:
+    """[rows, nchunks] -> [rows, k]: each chunk's value repeated over its inputs."""
+    return per_chunk.repeat_interleave(CHUNK, dim=1)[:, :k]
+
+
+def _round_per_chunk(t: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [rows, K] float32 -> codes round(t / scale) in [-qmax, qmax] (whole floats, half to even as the C kernel's
+    nearbyintf / cvtps; callers pick the integer type) and scales [rows, nchunks] = max|t| / qmax per chunk (0 for
+    an all-zero chunk)."""
+    scales = _chunk_amax(t) / qmax
+    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
+    return torch.round(t * _per_input(inv, t.shape[1])).clamp_(-qmax, qmax), scales
+
+
 def pack(w: torch.Tensor) -> PackedInt16:
-    """A float matrix [N, K] (K even): per (row, chunk of CHUNK inputs) scale = max|w| / QMAX, codes rounded half to
-    even."""
+    """A float matrix [N, K] (K even) as 13-bit codes with a scale per (row, chunk of CHUNK inputs)."""
     n, k = w.shape
     if not supports(k):
         raise ValueError(f"the int16 GEMM kernel needs an even number of inputs, got K={k}")
-    nchunks = -(-k // CHUNK)
-    wc = torch.nn.functional.pad(w.float(), (0, nchunks * CHUNK - k)).view(n, nchunks, CHUNK)
-    scales = wc.abs().amax(dim=2) / QMAX                                     # [N, nchunks]
-    inv = torch.where(scales > 0, 1.0 / scales, torch.zeros_like(scales))
-    q = torch.round(wc * inv[:, :, None]).clamp_(-QMAX, QMAX).view(n, -1)[:, :k].to(torch.int16)
+    codes, scales = _round_per_chunk(w.float(), QMAX)
+    q = codes.to(torch.int16)
     n_pad = -(-n // TILE_N) * TILE_N
     if n_pad != n:
         q = torch.cat([q, q.new_zeros(n_pad - n, k)])
-        scales = torch.cat([scales, scales.new_zeros(n_pad - n, nchunks)])
+        scales = torch.cat([scales, scales.new_zeros(n_pad - n, scales.shape[1])])
     tiles = q.view(n_pad // TILE_N, TILE_N, k // 2, 2).permute(0, 2, 1, 3).contiguous()
     return PackedInt16(tiles, scales.T.contiguous(), n, k)
 
@@ -102,7 +120,7 @@ def linear(x: torch.Tensor, packed: PackedInt16, nthreads: int | None = None) ->
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:
         x2 = x2.float().contiguous()
     m, n_pad = x2.shape[0], packed.scales.shape[1]
-    m_pad = -(-m // 4) * 4
+    m_pad = -(-m // TILE_M) * TILE_M
     y = torch.empty(m_pad, n_pad, dtype=torch.float32)
     if m:
         p = _scratch("codes", m_pad * k, torch.int16)
@@ -135,15 +153,8 @@ def _scratch(name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> 13-bit codes [M, K] (int64) and scales [M, ceil(K/CHUNK)]: amax/PMAX per chunk."""
-    m, k = x.shape
-    codes, scales = torch.empty(m, k, dtype=torch.int64), []
-    for c0 in range(0, k, CHUNK):
-        xc = x[:, c0:c0 + CHUNK].float()
-        s = xc.abs().amax(dim=1) / PMAX
-        inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
-        codes[:, c0:c0 + CHUNK] = torch.round(xc * inv[:, None]).long()
-        scales.append(s)
-    return codes, torch.stack(scales, dim=1)
+    codes, scales = _round_per_chunk(x.float(), PMAX)
+    return codes.long(), scales
 
 
 def simulate(x: torch.Tensor, packed: PackedInt16) -> torch.Tensor:
@@ -164,12 +175,7 @@ def error_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     plus float32 rounding of the scaled chunk sums."""
     x2, w = x.reshape(-1, w.shape[1]).double(), w.double()
     k = w.shape[1]
-    nch = -(-k // CHUNK)
-
-    def step(t: torch.Tensor, qmax: int) -> torch.Tensor:          # per-element rounding bound, [rows, K]
-        tc = torch.nn.functional.pad(t.abs(), (0, nch * CHUNK - k)).view(t.shape[0], nch, CHUNK)
-        return (tc.amax(dim=2) / (2 * qmax)).repeat_interleave(CHUNK, dim=1)[:, :k]
-
-    ex, dw = step(x2, PMAX), step(w, QMAX)
+    ex = _per_input(_chunk_amax(x2) / (2 * PMAX), k)           # per-element rounding bounds, [rows, K]
+    dw = _per_input(_chunk_amax(w) / (2 * QMAX), k)
     bound = ex @ w.abs().T + x2.abs() @ dw.T + ex @ dw.T
     return bound + 1e-6 * (x2.abs() @ w.abs().T) + 1e-30

@@ -49,7 +49,8 @@ def _cpu_signature() -> str:
 
 def open_library(source: Path | tuple[Path, ...], what: str, instead: str,
                  extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """build() then load `source`; on failure warn "`what` unavailable, `instead`" and return None (callers fall back)."""
+    """build() then load `source`; on failure warn "`what` unavailable, `instead`" and return None (the caller
+    falls back)."""
     try:
         return ctypes.CDLL(str(build(source=source, extra_flags=extra_flags)))
     except (RuntimeError, OSError) as e:
@@ -93,11 +94,9 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
     variant "portable": the int8 loads through gcc's generic vector code instead of AVX2 intrinsics (for tests)."""
     if os.environ.get("MINILLM_CPU_KERNEL", "").lower() == "numba":
         return None
-    try:
-        lib = ctypes.CDLL(str(build(extra_flags=("-DMINILLM_PAGED_DECODE_PORTABLE",) if variant == "portable"
-                                    else ())))
-    except (RuntimeError, OSError) as e:
-        warnings.warn(f"C PagedAttention kernel unavailable, using the numba kernel: {e}", RuntimeWarning)
+    lib = open_library(SOURCE, "C PagedAttention kernel", "using the numba kernel",
+                       ("-DMINILLM_PAGED_DECODE_PORTABLE",) if variant == "portable" else ())
+    if lib is None:
         return None
     lib.minillm_paged_decode.argtypes = _ARGTYPES
     lib.minillm_paged_decode.restype = None

@@ -10,8 +10,8 @@
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
 their 16-bit copies: tests/test_quant.py, tests/test_w8a8.py and tests/test_int16_gemm.py state the tolerances.
 MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
-MINILLM_QGEMM_BATCHED=int16|fp16|bf16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py; w8a8 uses the layers' SmoothQuant
-factors, which load_model then calibrates).
+MINILLM_QGEMM_BATCHED=int16|fp16|bf16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py;
+w8a8 uses the layers' SmoothQuant factors, which load_model then calibrates).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import ctypes
 import functools
 import os
 import threading
-import warnings
 from pathlib import Path
 
 import torch
@@ -50,10 +49,8 @@ def mode() -> str:
 def load(variant: str = "c") -> ctypes.CDLL | None:
     """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs)."""
     extra = ("-DMINILLM_QGEMM_SCALAR",) if variant == "scalar" else ()
-    try:
-        lib = ctypes.CDLL(str(cpu_native.build(source=SOURCE, extra_flags=extra)))
-    except (RuntimeError, OSError) as e:
-        warnings.warn(f"C quantized-matmul kernel unavailable, dequantizing to float instead: {e}", RuntimeWarning)
+    lib = cpu_native.open_library(SOURCE, "C quantized-matmul kernel", "dequantizing to float instead", extra)
+    if lib is None:
         return None
     lib.minillm_qgemm.argtypes = _ARGTYPES
     lib.minillm_qgemm.restype = ctypes.c_int

@@ -58,7 +58,8 @@ static int quantize_chunk64(const float *x, int16_t *p, float *sx) {
     const float s = _mm_cvtss_f32(m4) / PMAX, inv = s > 0.0f ? 1.0f / s : 0.0f;
     const __m256 vi = _mm256_set1_ps(inv);
     for (int i = 0; i < 8; i += 2) {
-        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi)), b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], vi));
+        const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi)),
+                      b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], vi));
         _mm256_storeu_si256((__m256i *)(p + 8 * i), _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
     }
     *sx = s;
@@ -130,7 +131,8 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
             for (int v = 0; v < 3; v++) {
                 const __m256 a = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(acc[r] + 8 * v)));
                 const __m256 prev = c ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
-                _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(sw + c * N + 8 * v), f), prev));
+                const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(sw + c * N + 8 * v), f);
+                _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(a, scale, prev));
             }
         }
     }
@@ -138,9 +140,9 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
 #endif
 
 /* x [M, K] float32 (rows x_stride apart), wp the packed int16 weights of N output columns (N a multiple of 24),
-   sw [ceil(K/64), N]; y [Mp, N] float32 with Mp = ceil(M/4)*4 (the rows past M are scratch). K even. p [Mp, K] int16 and
-   sx [Mp, ceil(K/64)] float32 are the caller's scratch (kept between calls: a fresh buffer of this size is a fresh
-   mmap whose page faults cost more than the quantization). Returns 0; -2 when x holds NaN or inf (the caller then
+   sw [ceil(K/64), N]; y [Mp, N] float32 with Mp = ceil(M/4)*4 (the rows past M are scratch). K even.
+   p [Mp, K] int16 and sx [Mp, ceil(K/64)] float32 are the caller's scratch (kept between calls: a fresh buffer of
+   this size is a fresh mmap whose page faults cost more than the quantization). Returns 0; -2 when x holds NaN or inf (the caller then
    takes the float path, which propagates them); -3 when built without AVX2. */
 int minillm_int16_gemm(const float *x, int64_t M, int64_t K, int64_t x_stride, const int16_t *wp, const float *sw,
                        int64_t N, float *y, int16_t *p, float *sx, int nthreads) {
