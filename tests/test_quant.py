@@ -92,8 +92,8 @@ def test_quantized_weights_against_gguf_py_quantizer():
 @example(n=1, k_blocks=1, m=1, group_blocks=1, kind="int4", bf16=False, seed=0)
 @example(n=5, k_blocks=4, m=5, group_blocks=4, kind="int4", bf16=False, seed=1)    # a partial 4-row pass
 @example(n=3, k_blocks=2, m=64, group_blocks=2, kind="int8", bf16=True, seed=2)
-@example(n=9, k_blocks=3, m=15, group_blocks=1, kind="int4", bf16=False, seed=3)   # the kernel's largest batch
-@example(n=9, k_blocks=3, m=16, group_blocks=1, kind="int8", bf16=False, seed=4)   # the first dequantized one
+@example(n=9, k_blocks=3, m=15, group_blocks=1, kind="int4", bf16=False, seed=3)   # 4-row passes and a partial one
+@example(n=9, k_blocks=3, m=2, group_blocks=1, kind="int8", bf16=False, seed=4)    # qlinear's last C-kernel size
 def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blocks, kind, bf16, seed):
     k = 32 * k_blocks * group_blocks
     spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, 32 * group_blocks)
@@ -101,19 +101,22 @@ def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blo
     x = _rand(m, k, seed + 1)
     x[0, 0] = 300.0                          # a hidden-state outlier: the case int8 activations get wrong
     x = x.to(torch.bfloat16) if bf16 else x
-    if cpu_qgemm.load(variant) is None:
+    lib = cpu_qgemm.load(variant)
+    if lib is None:
         pytest.skip("no C compiler")
+    kernel = cpu_qgemm.kernel(x, qw, lib)     # the C kernel at any number of rows (qlinear sends it the fewest)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MINILLM_QGEMM", variant)
-        y = cpu_qgemm.qlinear(x, qw)
+        routed = cpu_qgemm.qlinear(x, qw)     # what a layer runs at m rows
     ref = cpu_qgemm.reference(x.float(), qw)
-    assert y.dtype == x.dtype and y.shape == (m, n)
     # relative to what bounds both approximations (a step of the row's largest activation, a rounding of each
     # product), max|x| * sum|w|, not to the output itself: an output that cancels to ~0 would make any error huge
     scale = x.float().abs().amax(1, keepdim=True) * qw.dequantize().abs().sum(1)
-    err = (y.float() - ref).abs() / scale.clamp_min(1e-6)
-    bf16_product = bf16 or (m >= cpu_qgemm.BATCHED_MIN_ROWS and cpu_qgemm.batched_path() == "bf16")
-    assert float(err.max()) < (1e-2 if bf16_product else KERNEL_RTOL)   # bf16 rounding: 2^-8 relative
+    for y, batched in ((kernel, False), (routed, m >= cpu_qgemm.BATCHED_MIN_ROWS)):
+        assert y.dtype == x.dtype and y.shape == (m, n)
+        err = (y.float() - ref).abs() / scale.clamp_min(1e-6)
+        bf16_product = bf16 or (batched and cpu_qgemm.batched_path() == "bf16")
+        assert float(err.max()) < (1e-2 if bf16_product else KERNEL_RTOL)   # bf16 rounding: 2^-8 relative
 
 
 @pytest.mark.parametrize("spec", [QuantSpec("int4", 64), QuantSpec("int8"), QuantSpec("int8", 32)])
@@ -135,7 +138,7 @@ def test_kernel_accumulates_what_the_activation_codes_say():
              + s.double().unsqueeze(1) * qw.mins.double().unsqueeze(0)).sum(-1)
     if cpu_qgemm.load("c") is None:
         pytest.skip("no C compiler")
-    assert torch.allclose(cpu_qgemm.qlinear(x, qw).double(), exact, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(cpu_qgemm.kernel(x, qw).double(), exact, rtol=1e-5, atol=1e-4)
 
 
 def test_a_kernel_with_a_wrong_group_index_is_caught():
@@ -374,7 +377,7 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output(group):
     # and it is an honest int4 weight: the same format, codes in range, the kernel runs it
     qw = gptq_int4(w, h, group)
     assert qw.kind == "int4" and qw.group_size == group and qw.qweight.dtype == torch.uint8
-    y = cpu_qgemm.qlinear(x[:5], qw)
+    y = cpu_qgemm.kernel(x[:5], qw)
     assert torch.allclose(y, cpu_qgemm.reference(x[:5], qw), rtol=1e-3, atol=1e-3)
 
 

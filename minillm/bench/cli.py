@@ -100,8 +100,9 @@ def matmul_paths(quantization: str, model=None) -> str:
     path = cpu_qgemm.batched_path()
     copy = ("a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed
             else "the int16 GEMM on a packed copy" if path == "int16" else f"a {path} copy")
+    fused = " (decode steps: one fused C call either way)" if path == "int16" else ""
     return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows (one fused C call per decode step), {copy} "
-            f"from {cpu_qgemm.BATCHED_MIN_ROWS} rows (layers a float checkpoint left float: float GEMM)")
+            f"from {cpu_qgemm.BATCHED_MIN_ROWS} rows{fused} (layers a float checkpoint left float: float GEMM)")
 
 
 def format_throughput(r: dict, plot: str | None) -> str:

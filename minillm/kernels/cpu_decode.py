@@ -3,15 +3,23 @@
 `try_forward(model, input_ids, positions, ctx)` returns the final hidden states, or None when the fused step does
 not apply and the layers must run — it applies only where it computes exactly what they would:
 
-- every row is a decode token (query length 1), and at most cpu_qgemm.BATCHED_MIN_ROWS - 1 of them (the rows for
-  which the layers' qlinear also runs the integer kernel);
+- every row is a decode token (query length 1). Below cpu_qgemm.BATCHED_MIN_ROWS rows the matmuls run the integer
+  kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the int16 GEMM
+  (csrc/int16_gemm.c) on the same packed copies the layers' batched path makes (cpu_qgemm.int16_copy), when that
+  is the batched path (cpu_qgemm.batched_path() == "int16", every layer's input width even) — otherwise the
+  layers run;
 - the whole model on one rank, float32, on the CPU; every decoder module of minillm's own classes with no forward
   hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized
   weight-only (W8A8 layers quantize activations per token: cpu_w8a8.py);
 - the attention backend is the C CPU backend without a learner's attend function, the C kernel takes the head
   shape, and the KV pool is a contiguous float32 pool.
 
-MINILLM_DECODE_STEP=layers switches it off (A/B runs; the layers are the reference the tests compare against).
+MINILLM_DECODE_STEP=layers switches it off (A/B runs; the layers are the reference the tests compare against), as
+do MINILLM_QGEMM=torch|scalar (the layers then run another matmul than the step's).
+
+Why batched decode steps too: at 48 rows a step's ~12 torch ops per layer (norms, RoPE, SiLU, KV writes, each
+60-160 us at that size between the int16 matmuls' parallel regions) and the Python around them cost ~60 of its
+~195 ms on SmolLM2 (cProfile, 2 threads); the matmuls and the attention are the same kernels either way.
 """
 from __future__ import annotations
 
@@ -28,9 +36,10 @@ from minillm.kernels import cpu_native, cpu_qgemm
 from minillm.quant.formats import QuantizedWeight
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c")
+SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c", CSRC / "int16_gemm.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-FUSED_STEPS = 0   # decode steps run fused, for the benchmarks to say which path they timed
+FUSED_STEPS = 0          # decode steps run fused, for the benchmarks to say which path they timed ...
+FUSED_INT16_STEPS = 0    # ... and those of them whose matmuls ran the int16 GEMM
 
 
 class _QLinear(ctypes.Structure):
@@ -40,6 +49,14 @@ class _QLinear(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _QLinear), ("o", _QLinear), ("gate_up", _QLinear),
                 ("down", _QLinear)]
+
+
+class _I16(ctypes.Structure):
+    _fields_ = [("tiles", _P), ("scales", _P), ("n_pad", _I)]
+
+
+class _Layer16(ctypes.Structure):
+    _fields_ = [("qkv", _I16), ("o", _I16), ("gate_up", _I16), ("down", _I16)]
 
 
 class _Dims(ctypes.Structure):
@@ -60,8 +77,8 @@ def load() -> ctypes.CDLL | None:
     lib = cpu_native.open_library(SOURCES, "fused C decode step", "running the layers")
     if lib is None:
         return None
-    lib.minillm_decode_step.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P, _I,
-                                        ctypes.c_int]
+    lib.minillm_decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P,
+                                        _I, ctypes.c_int]
     lib.minillm_decode_step.restype = ctypes.c_int
     return lib
 
@@ -97,8 +114,10 @@ class _Plan:
     embed_ref: object             # the QuantizedWeight behind `embed` (or None)
     children: list                # (module dict, key, module) the plan was built from
     hook_dicts: list              # the forward (pre-)hook dicts of those modules: all empty
-    quants: list                  # (layer, QuantizedWeight) pairs
+    quants: list                  # (layer, QuantizedWeight) pairs: qkv, o, gate_up, down of each layer in turn
     norms: list                   # (Parameter, data_ptr, dtype) of the norms
+    packed16: ctypes.Array | None = None   # the int16 copies' C view, made on the first batched step
+    packs: list | None = None              # the PackedInt16 objects behind it (kept alive with the plan)
 
     def valid(self, model) -> bool:
         # ~270 modules checked every step: plain dict lookups and identity tests, no nn.Module.__getattr__ (the
@@ -177,6 +196,19 @@ def _build(model) -> _Plan | None:
                  quants, norms)
 
 
+def _packed16(plan: _Plan) -> ctypes.Array:
+    """The int16 copies of the plan's matmuls (made now where the layers have not made them yet). Every input width
+    is even, as the int16 kernel needs: _qlinear took only widths that are a multiple of the group (of 32)."""
+    if plan.packed16 is None:
+        packs = [cpu_qgemm.int16_copy(q) for _, q in plan.quants]
+        arr = (_Layer16 * (len(packs) // 4))()
+        for i in range(len(arr)):
+            arr[i] = _Layer16(*(_I16(p.tiles.data_ptr(), p.scales.data_ptr(), p.scales.shape[1])
+                                for p in packs[4 * i:4 * i + 4]))
+        plan.packed16, plan.packs = arr, packs
+    return plan.packed16
+
+
 def _plan(model) -> _Plan | None:
     cached = _plans.get(model)
     if cached is not None and cached.valid(model):
@@ -189,20 +221,26 @@ def _plan(model) -> _Plan | None:
     return plan
 
 
-def _applies(model, input_ids: torch.Tensor, ctx) -> bool:
+def _mode(model, input_ids: torch.Tensor, ctx) -> str | None:
+    """"qgemm" or "int16" (the matmul kernel the step would run, the one the layers would), or None: not this step."""
     from minillm.layers.attention import CpuAttentionBackend
     meta, cache = ctx.meta, ctx.cache
     n = input_ids.numel()
     k, v = cache.k, cache.v
-    if not (0 < n < cpu_qgemm.BATCHED_MIN_ROWS and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
+    if not (0 < n and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
             and model.comm.world_size == 1 and model.is_first and model.is_last
             and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
             and k.dtype == torch.float32 and v.dtype == torch.float32 and k.device.type == "cpu"
-            and k.is_contiguous() and v.is_contiguous() and k.shape[0] == len(model.layers._modules)):
-        return False
+            and k.is_contiguous() and v.is_contiguous() and k.shape[0] == len(model.layers._modules)
+            and cpu_qgemm.mode() == "c"):
+        return None
     attn = cpu_native.load()
     a0 = model.layers._modules["0"]._modules["self_attn"]
-    return attn is not None and bool(_supports(attn, a0.num_heads // a0.num_kv_heads, a0.head_dim))
+    if attn is None or not _supports(attn, a0.num_heads // a0.num_kv_heads, a0.head_dim):
+        return None
+    if n < cpu_qgemm.BATCHED_MIN_ROWS:
+        return "qgemm"
+    return "int16" if cpu_qgemm.batched_path() == "int16" else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -219,12 +257,14 @@ _ERRORS = {-2: (IndexError, "slot_mapping has a slot outside the KV pool's {slot
 def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor | None:
     """The normed final hidden states [T, hidden] of a decode step, or None (run the layers) where it does not
     apply. Also fills ctx.cos / ctx.sin as the layers would."""
-    if not enabled() or input_ids.device.type != "cpu" or not _applies(model, input_ids, ctx):
+    mode = _mode(model, input_ids, ctx) if enabled() and input_ids.device.type == "cpu" else None
+    if mode is None:
         return None
     lib = load()
     plan = _plan(model) if lib is not None else None
     if plan is None:
         return None
+    packed = _packed16(plan) if mode == "int16" else None
     meta, cache = ctx.meta, ctx.cache
     num_slots = cache.k.shape[2]
     lens = torch.tensor(meta.seq_lens, dtype=torch.int64)
@@ -239,18 +279,22 @@ def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) ->
         x = model.embed_tokens(input_ids).float().contiguous().clone()
     rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
                                  ctypes.byref(plan.embed) if plan.embed is not None else None,
-                                 ctypes.addressof(plan.layers), len(plan.layers), ctypes.byref(plan.dims),
+                                 ctypes.addressof(plan.layers), None if packed is None else ctypes.addressof(packed),
+                                 len(plan.layers), ctypes.byref(plan.dims),
                                  plan.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  cache.k.data_ptr(), cache.v.data_ptr(), num_slots, slots.data_ptr(),
                                  tables.data_ptr(), tables.shape[1], lens.data_ptr(), meta.block_size,
                                  torch.get_num_threads())
     if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
+    if rc == -6:    # NaN or inf reached an int16 matmul's input: the layers' float fallback propagates it
+        return None
     if rc in _ERRORS:
         err, text = _ERRORS[rc]
         raise err(text.format(slots=num_slots, width=tables.shape[1] * meta.block_size, lens=meta.seq_lens,
                               blocks=num_slots // meta.block_size, vocab=model.cfg.vocab_size - 1)
                   + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
-    global FUSED_STEPS
+    global FUSED_STEPS, FUSED_INT16_STEPS
     FUSED_STEPS += 1
+    FUSED_INT16_STEPS += packed is not None
     return x

@@ -128,10 +128,12 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # than the difference, so 16 stays until a quiet re-measure. fp16 is kept over float for half the memory.
 # Re-measure (this script and `bench throughput --quantization auto none --repeat 3`) when csrc/qgemm.c changes.
 # The table predates the int16 path; tools/measure_qgemm.py now times it too (row "int16").
-# 10 since the int16 path (2026-11-28): decode steps of n sequences, SmolLM2 auto, 2 threads, median step
-# (an engine with n 200-token prompts, 30 tokens each, and a step observer), fused C step vs int16 layers:
-# 4 rows 33 vs 50-56 ms, 8 rows 62-64 vs 59-65, 12 rows 73-90 vs 54-67, 15 rows 107-112 vs 77-92.
-BATCHED_MIN_ROWS = 10
+# 3 since the fused decode step runs the int16 GEMM too (2026-11-28, AVX2 Zen 3): median decode step of n
+# sequences, SmolLM2 auto, 2 threads, 200-token prompts, best of 3 engines, fused step with the C kernel vs with
+# the int16 GEMM: 1 row 9.4 vs 17.2 ms, 2 rows 13.4 vs 16.4, 3 rows 19.3 vs 16.8, 4 rows 25.8 vs 17.7, 8 rows 47.9
+# vs 25.9, 16 rows 111.9 vs 50.3; the layers (MINILLM_DECODE_STEP=layers) cross at the same place (3 rows 34.4 vs
+# 32.4, 8 rows 66.7 vs 44.0). Batch-1 decode stays on the C kernel: it streams int4's 0.56 bytes per weight, not 2.
+BATCHED_MIN_ROWS = 3
 BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8", "dequant")
 BATCHED_PATH = "int16"
 _exact = threading.local()
@@ -197,7 +199,7 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
     factors, for a W8A8 copy."""
     path = path or batched_path()
     if path == "int16" and x.device.type == "cpu" and cpu_int16.supports(qw.shape[1]) and cpu_int16.available():
-        y = cpu_int16.linear(x, cached(qw, "int16", lambda: cpu_int16.pack(dequantize(qw))))
+        y = cpu_int16.linear(x, int16_copy(qw))
         if y is not None:
             return y
         return F.linear(x, dequantize(qw).to(x.dtype))      # NaN or inf in x: the float product propagates them
@@ -216,6 +218,12 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
     if path in ("float", "fp16"):
         return F.linear(x, cached(qw, "float", lambda: dequantize(qw)).to(x.dtype))
     return F.linear(x, dequantize(qw).to(x.dtype))
+
+
+def int16_copy(qw: QuantizedWeight) -> cpu_int16.PackedInt16:
+    """qw packed for the int16 GEMM (the batched path's copy; the fused decode step's batched steps share it), made
+    once and kept in qw.cache."""
+    return cached(qw, "int16", lambda: cpu_int16.pack(dequantize(qw)))
 
 
 def requantized(qw: QuantizedWeight, smooth: torch.Tensor | None = None) -> QuantizedWeight:

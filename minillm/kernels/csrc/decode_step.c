@@ -21,8 +21,15 @@
    inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
    and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
 
-   The Python side (kernels/cpu_decode.py) decides when this applies (decode-only steps of a few rows, every linear
-   quantized, float32, one rank, the C attention kernel) and falls back to the layers otherwise. */
+   Batched decode steps (cpu_qgemm.BATCHED_MIN_ROWS rows and more) run the matmuls on int16_gemm.c's packed copies
+   instead, as the layers' batched path does. There the row kernel's trick inverts: quantizing all rows in every
+   thread would repeat 48 rows x 1536 inputs per matmul, so the team splits the rows for the norms, SiLU and
+   quantization (each row normed and quantized in one pass, into codes every thread reads after a barrier) and
+   splits each matmul's 24-column blocks. Same kernels, one Python call: at 48 rows on SmolLM2 the step went from
+   ~195 ms through the layers to ~125 ms (the difference was the ~12 torch ops per layer between the matmuls).
+
+   The Python side (kernels/cpu_decode.py) decides when this applies (decode-only steps, every linear quantized,
+   float32, one rank, the C attention kernel) and falls back to the layers otherwise. */
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
@@ -50,6 +57,11 @@ void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_h
                                int64_t max_blocks, int64_t block_size, float scale, float *out,
                                int64_t out_row_stride, int64_t out_head_stride, int64_t task);
 
+int minillm_int16_quantize_rows(const float *x, int64_t K, int64_t x_stride, int64_t m0, int64_t m1, int16_t *p,
+                                float *sx);
+void minillm_int16_gemm_blocks(const int16_t *p, int64_t Mp, int64_t K, const float *sx, const int16_t *wp,
+                               const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y, int64_t ldy);
+
 /* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4). */
 typedef struct {
     int64_t kind, group, n, k;
@@ -66,6 +78,20 @@ typedef struct {
     int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim;
     float eps, scale;
 } mll_dims;
+
+/* The same matrix packed for int16_gemm.c (cpu_int16.PackedInt16): n_pad = n rounded up to 24 columns. */
+typedef struct {
+    const int16_t *tiles;
+    const float *scales;
+    int64_t n_pad;
+} mll_i16;
+
+typedef struct {
+    mll_i16 qkv, o, gate_up, down;
+} mll_layer16;
+
+#define TN16 24
+#define PAD16(n) (((n) + TN16 - 1) / TN16 * TN16)
 
 
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
@@ -144,52 +170,212 @@ static int check_rows(int64_t M, const int64_t *ids, int64_t vocab, int64_t num_
     return 0;
 }
 
+/* What every thread of the step reads: the step's shapes, its shared buffers and the team's barrier. */
+typedef struct {
+    int64_t M, Mp, L, E, I, H, KV, D, NQKV, G, num_slots, max_blocks, block_size, layer_floats;
+    float eps, scale;
+    const mll_layer *layers;
+    const mll_layer16 *packed;           /* int16 mode: the layers' packed copies; NULL: the qgemm.c row kernel */
+    const float *cos, *sin;
+    float *k_pool, *v_pool;
+    const int64_t *slot_mapping, *block_tables, *seq_lens, *rows;
+    float *big, *mid, *out;              /* qkv then gate|up; attention out (then silu*up); the o and down outputs */
+    int64_t ldq, ldg, lde;               /* row strides of big holding qkv, big holding gate|up, out */
+    int16_t *p16;                        /* int16 mode: the activation codes [Mp, kmax] all threads share ... */
+    float *sx16;                         /* ... and their scales per 64 inputs (rows past M stay 0) */
+    atomic_long next_task;
+    atomic_int bad;                      /* int16 mode: an activation was NaN or inf */
+    spin_barrier bar;
+} step_ctx;
+
+/* This layer's attention, tasks (sequence s, kv head h) from a shared counter (sequence lengths vary several-fold
+   within a step): rotate s's query heads of kv head h and its key head h, store k and v, attend. The counter is
+   reset by thread 0 before the barrier that ends the qkv matmul. */
+static void attention(step_ctx *c, int64_t l) {
+    const int64_t H = c->H, KV = c->KV, D = c->D, G = c->G;
+    float *kl = c->k_pool + l * c->layer_floats, *vl = c->v_pool + l * c->layer_floats;
+    for (int64_t task = atomic_fetch_add(&c->next_task, 1); task < c->M * KV;
+         task = atomic_fetch_add(&c->next_task, 1)) {
+        const int64_t s = task / KV, h = task % KV;
+        float *row = c->big + s * c->ldq;
+        const float *cs = c->cos + s * D, *sn = c->sin + s * D;
+        for (int64_t g = 0; g < G; g++) rotate(row + (h * G + g) * D, cs, sn, D);
+        rotate(row + (H + h) * D, cs, sn, D);
+        const int64_t at = (h * c->num_slots + c->slot_mapping[s]) * D;
+        memcpy(kl + at, row + (H + h) * D, sizeof(float) * (size_t)D);
+        memcpy(vl + at, row + (H + KV + h) * D, sizeof(float) * (size_t)D);
+        minillm_paged_decode_task(c->big, c->ldq, D, c->rows, kl, vl, c->block_tables, c->seq_lens, H, KV, D,
+                                  c->num_slots, c->max_blocks, c->block_size, c->scale, c->mid, H * D, D, task);
+    }
+}
+
+static void add_rows(float *x, const float *y, int64_t M, int64_t E, int64_t ldy) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < E; i++) x[m * E + i] += y[m * ldy + i];
+}
+
+/* Few rows: the qgemm.c row kernel. Every thread norms and quantizes all rows itself (a few microseconds, cheaper
+   than a barrier) and computes its share of each matmul's weight rows. */
+static void layer_qgemm(step_ctx *c, int64_t l, scratch *sc, int t, int nt, int *sense) {
+    const mll_layer *ly = c->layers + l;
+    const int64_t M = c->M, E = c->E, I = c->I;
+    for (int64_t m = 0; m < M; m++) rms_norm(sc->x + m * E, ly->input_norm, E, c->eps, sc->hn + m * E);
+    quantize_in(&ly->qkv, sc->hn, M, sc);
+    rows_part(&ly->qkv, M, sc, c->big, t, nt);
+    barrier(&c->bar, sense);
+    attention(c, l);
+    barrier(&c->bar, sense);
+    quantize_in(&ly->o, c->mid, M, sc);
+    rows_part(&ly->o, M, sc, c->out, t, nt);
+    barrier(&c->bar, sense);
+    add_rows(sc->x, c->out, M, E, E);
+    for (int64_t m = 0; m < M; m++) rms_norm(sc->x + m * E, ly->post_norm, E, c->eps, sc->hn + m * E);
+    quantize_in(&ly->gate_up, sc->hn, M, sc);
+    rows_part(&ly->gate_up, M, sc, c->big, t, nt);
+    barrier(&c->bar, sense);
+    const int64_t per = (M * I + nt - 1) / nt;
+    for (int64_t e = t * per; e < (t + 1) * per && e < M * I; e++) {
+        const int64_t m = e / I, i = e % I;
+        const float gv = c->big[m * 2 * I + i], u = c->big[m * 2 * I + I + i];
+        c->mid[e] = gv / (1.0f + expf(-gv)) * u;
+    }
+    barrier(&c->bar, sense);
+    quantize_in(&ly->down, c->mid, M, sc);
+    rows_part(&ly->down, M, sc, c->out, t, nt);
+    barrier(&c->bar, sense);
+    add_rows(sc->x, c->out, M, E, E);
+}
+
+/* int16 mode, one matmul's input: this thread's rows [r0, r1), each made by `row` into tmp (K floats) and
+   quantized into the shared codes; then the barrier, after which every thread sees whether any row was NaN/inf
+   (returns 1: the whole team leaves the step together). */
+typedef void (*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
+
+static void row_input_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+    (void)m;
+    rms_norm(x_row, c->layers[l].input_norm, c->E, c->eps, tmp);
+}
+static void row_post_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+    (void)m;
+    rms_norm(x_row, c->layers[l].post_norm, c->E, c->eps, tmp);
+}
+static void row_attn_out(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+    (void)l; (void)x_row;
+    memcpy(tmp, c->mid + m * c->H * c->D, sizeof(float) * (size_t)(c->H * c->D));
+}
+static void row_silu(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+    (void)l; (void)x_row;
+    const float *g = c->big + m * c->ldg, *u = g + c->I;
+    for (int64_t i = 0; i < c->I; i++) tmp[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static int quantize16(step_ctx *c, int64_t l, row_fn make, int64_t K, const scratch *sc, float *tmp, int64_t r0,
+                      int64_t r1, int *sense) {
+    const int64_t nchunks = (K + 63) / 64;
+    int bad = 0;
+    for (int64_t m = r0; m < r1; m++) {
+        make(c, l, m, sc->x + m * c->E, tmp);
+        bad |= minillm_int16_quantize_rows(tmp, K, K, 0, 1, c->p16 + m * K, c->sx16 + m * nchunks);
+    }
+    if (bad) atomic_store(&c->bad, 1);
+    barrier(&c->bar, sense);
+    return atomic_load(&c->bad);
+}
+
+/* This thread's share of an int16 matmul: an equal run of its 24-column blocks, all rows. */
+static void gemm16(const step_ctx *c, const mll_i16 *w, int64_t K, float *y, int64_t ldy, int t, int nt) {
+    const int64_t nblocks = w->n_pad / TN16;
+    minillm_int16_gemm_blocks(c->p16, c->Mp, K, c->sx16, w->tiles, w->scales, w->n_pad, t * nblocks / nt,
+                              (t + 1) * nblocks / nt, y, ldy);
+}
+
+/* Batched rows: int16_gemm.c on the packed copies. Rows are split over the team for the norms, SiLU and
+   quantization (each input quantized once, into codes all threads read), and each matmul's 24-column blocks. */
+static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, int nt, int *sense) {
+    const mll_layer16 *pk = c->packed + l;
+    const int64_t M = c->M, E = c->E, per = (M + nt - 1) / nt;
+    const int64_t r0 = t * per < M ? t * per : M, r1 = (t + 1) * per < M ? (t + 1) * per : M;
+    if (quantize16(c, l, row_input_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    gemm16(c, &pk->qkv, E, c->big, c->ldq, t, nt);
+    barrier(&c->bar, sense);
+    attention(c, l);
+    barrier(&c->bar, sense);
+    if (quantize16(c, l, row_attn_out, c->H * c->D, sc, tmp, r0, r1, sense)) return 1;
+    gemm16(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
+    barrier(&c->bar, sense);
+    add_rows(sc->x, c->out, M, E, c->lde);
+    if (quantize16(c, l, row_post_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    gemm16(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
+    barrier(&c->bar, sense);
+    if (t == 0) atomic_store(&c->next_task, 0);         /* for the next layer's attention: 3 barriers ahead */
+    if (quantize16(c, l, row_silu, c->I, sc, tmp, r0, r1, sense)) return 1;
+    gemm16(c, &pk->down, c->I, c->out, c->lde, t, nt);
+    barrier(&c->bar, sense);
+    add_rows(sc->x, c->out, M, E, c->lde);
+    return 0;
+}
+
 /* x: [M, hidden] out: the final-normed hidden states (and, when `embed` is NULL, in: the embedded tokens; else the
    step looks ids[m] up in the quantized embedding itself). cos/sin: [M, head_dim]. k_pool/v_pool: this step's
    layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is sequence m: its new K/V go to slot_mapping[m], it
-   attends over seq_lens[m] positions through block_tables[m]. Returns 0; -1 when scratch memory cannot be
-   allocated; check_rows' codes for rows outside the pool (nothing is written then). */
+   attends over seq_lens[m] positions through block_tables[m]. `packed` (one per layer, or NULL): run the matmuls
+   on int16_gemm.c's packed copies (batched rows) instead of qgemm.c's row kernel. Returns 0; -1 when scratch
+   memory cannot be allocated; check_rows' codes for rows outside the pool (nothing is written then); -6 in int16
+   mode when an activation is NaN or inf (the pool slots of this step's rows may have been written: the caller
+   runs the layers, which write them again, and whose float fallback propagates the NaN). */
 int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qlinear *embed, const mll_layer *layers,
-                        int64_t L, const mll_dims *dims, const float *final_norm, const float *cos, const float *sin,
-                        float *k_pool, float *v_pool, int64_t num_slots, const int64_t *slot_mapping,
-                        const int64_t *block_tables, int64_t max_blocks, const int64_t *seq_lens, int64_t block_size,
-                        int nthreads) {
+                        const mll_layer16 *packed, int64_t L, const mll_dims *dims, const float *final_norm,
+                        const float *cos, const float *sin, float *k_pool, float *v_pool, int64_t num_slots,
+                        const int64_t *slot_mapping, const int64_t *block_tables, int64_t max_blocks,
+                        const int64_t *seq_lens, int64_t block_size, int nthreads) {
     const int bad = check_rows(M, embed ? ids : NULL, embed ? embed->n : 0, num_slots, slot_mapping, block_tables,
                                max_blocks, seq_lens, block_size);
     if (bad) return bad;
     const int64_t E = dims->hidden, I = dims->intermediate, H = dims->num_heads, KV = dims->num_kv_heads,
-                  D = dims->head_dim, NQKV = (H + 2 * KV) * D, G = H / KV;
-    const int64_t widest = NQKV > 2 * I ? NQKV : 2 * I, mid_w = H * D > I ? H * D : I;
+                  D = dims->head_dim, NQKV = (H + 2 * KV) * D;
+    const int i16 = packed != NULL;
+    const int64_t Mp = i16 ? (M + 3) / 4 * 4 : M;          /* int16 tiles are 4 rows: outputs get padding rows */
+    const int64_t ldq = i16 ? PAD16(NQKV) : NQKV, ldg = i16 ? PAD16(2 * I) : 2 * I, lde = i16 ? PAD16(E) : E;
+    const int64_t widest = ldq > ldg ? ldq : ldg, mid_w = H * D > I ? H * D : I;
     const int64_t kmax = E > mid_w ? E : mid_w, nb = kmax / 32;
     if (nthreads < 1) nthreads = 1;
-    /* shared: qkv then gate|up; attention out then silu*up; the o and down outputs; row indices */
-    float *big = malloc(sizeof(float) * (size_t)(M * widest));
-    float *mid = malloc(sizeof(float) * (size_t)(M * mid_w));
-    float *out = malloc(sizeof(float) * (size_t)(M * E));
+    float *big = malloc(sizeof(float) * (size_t)(Mp * widest));
+    float *mid = malloc(sizeof(float) * (size_t)(Mp * mid_w));
+    float *out = malloc(sizeof(float) * (size_t)(Mp * lde));
     int64_t *rows = malloc(sizeof(int64_t) * (size_t)M);
-    const size_t floats_per_thread = (size_t)(2 * M * E + 3 * M * nb);
+    /* per thread: its residual copy, normed input, qgemm's block scales and group sums; a row of the next input */
+    const size_t floats_per_thread = (size_t)(2 * M * E + 3 * M * nb + kmax);
     float *fbuf = malloc(sizeof(float) * floats_per_thread * (size_t)nthreads);
-    int16_t *qbuf = malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
-    if (!big || !mid || !out || !rows || !fbuf || !qbuf) {
-        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf);
+    int16_t *qbuf = i16 ? NULL : malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
+    int16_t *p16 = i16 ? calloc((size_t)(Mp * kmax), sizeof(int16_t)) : NULL;
+    float *sx16 = i16 ? calloc((size_t)(Mp * ((kmax + 63) / 64)), sizeof(float)) : NULL;
+    if (!big || !mid || !out || !rows || !fbuf || (i16 ? !p16 || !sx16 : !qbuf)) {
+        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(p16); free(sx16);
         return -1;
     }
     for (int64_t m = 0; m < M; m++) rows[m] = m;
-    const int64_t layer_floats = KV * num_slots * D;
-    spin_barrier bar;
-    atomic_init(&bar.arrived, 0);
-    atomic_init(&bar.sense, 0);
-    bar.n = 1;
+    step_ctx c = {.M = M, .Mp = Mp, .L = L, .E = E, .I = I, .H = H, .KV = KV, .D = D, .NQKV = NQKV, .G = H / KV,
+                  .num_slots = num_slots, .max_blocks = max_blocks, .block_size = block_size,
+                  .layer_floats = KV * num_slots * D, .eps = dims->eps, .scale = dims->scale, .layers = layers,
+                  .packed = packed, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
+                  .slot_mapping = slot_mapping, .block_tables = block_tables, .seq_lens = seq_lens, .rows = rows,
+                  .big = big, .mid = mid, .out = out, .ldq = ldq, .ldg = ldg, .lde = lde, .p16 = p16, .sx16 = sx16};
+    atomic_init(&c.next_task, 0);
+    atomic_init(&c.bad, 0);
+    atomic_init(&c.bar.arrived, 0);
+    atomic_init(&c.bar.sense, 0);
+    c.bar.n = 1;
 
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp single
-        bar.n = omp_get_num_threads();    /* the team may be smaller than asked; the single's barrier publishes n */
-        const int t = omp_get_thread_num(), nt = bar.n;
+        c.bar.n = omp_get_num_threads();    /* the team may be smaller than asked; the single's barrier publishes n */
+        const int t = omp_get_thread_num(), nt = c.bar.n;
         int sense = 0;
         float *f = fbuf + (size_t)t * floats_per_thread;
         scratch sc = {f, f + M * E, f + 2 * M * E, f + 2 * M * E + M * nb, f + 2 * M * E + 2 * M * nb,
-                      qbuf + (size_t)t * (size_t)(M * kmax)};
+                      qbuf ? qbuf + (size_t)t * (size_t)(M * kmax) : NULL};
+        float *tmp = f + 2 * M * E + 3 * M * nb;
         if (embed) {    /* each thread dequantizes the rows into its own copy (M x hidden values: cheap) */
             const int64_t row_bytes = embed->kind == 1 ? E / 2 : E, ng = E / embed->group;
             for (int64_t m = 0; m < M; m++)
@@ -200,58 +386,22 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
             memcpy(sc.x, x, sizeof(float) * (size_t)(M * E));
         }
 
-        for (int64_t l = 0; l < L; l++) {
-            const mll_layer *ly = layers + l;
-            float *kl = k_pool + l * layer_floats, *vl = v_pool + l * layer_floats;
-            for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, ly->input_norm, E, dims->eps, sc.hn + m * E);
-            quantize_in(&ly->qkv, sc.hn, M, &sc);
-            rows_part(&ly->qkv, M, &sc, big, t, nt);
-            barrier(&bar, &sense);
-
-            /* task (s, h): rotate sequence s's query heads of kv head h and its key head h, store k and v, attend */
-            for (int64_t task = t; task < M * KV; task += nt) {
-                const int64_t s = task / KV, h = task % KV;
-                float *row = big + s * NQKV;
-                for (int64_t g = 0; g < G; g++) rotate(row + (h * G + g) * D, cos + s * D, sin + s * D, D);
-                rotate(row + (H + h) * D, cos + s * D, sin + s * D, D);
-                const int64_t at = (h * num_slots + slot_mapping[s]) * D;
-                memcpy(kl + at, row + (H + h) * D, sizeof(float) * (size_t)D);
-                memcpy(vl + at, row + (H + KV + h) * D, sizeof(float) * (size_t)D);
-                minillm_paged_decode_task(big, NQKV, D, rows, kl, vl, block_tables, seq_lens, H, KV, D, num_slots,
-                                          max_blocks, block_size, dims->scale, mid, H * D, D, task);
+        int stopped = 0;
+        for (int64_t l = 0; l < L && !stopped; l++) {
+            if (i16) {
+                stopped = layer_int16(&c, l, &sc, tmp, t, nt, &sense);
+            } else {
+                if (t == 0) atomic_store(&c.next_task, 0);  /* read after the barrier that ends the qkv matmul */
+                layer_qgemm(&c, l, &sc, t, nt, &sense);
             }
-            barrier(&bar, &sense);
-
-            quantize_in(&ly->o, mid, M, &sc);
-            rows_part(&ly->o, M, &sc, out, t, nt);
-            barrier(&bar, &sense);
-
-            for (int64_t i = 0; i < M * E; i++) sc.x[i] += out[i];
-            for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, ly->post_norm, E, dims->eps, sc.hn + m * E);
-            quantize_in(&ly->gate_up, sc.hn, M, &sc);
-            rows_part(&ly->gate_up, M, &sc, big, t, nt);
-            barrier(&bar, &sense);
-
-            const int64_t per = (M * I + nt - 1) / nt;
-            for (int64_t e = t * per; e < (t + 1) * per && e < M * I; e++) {
-                const int64_t m = e / I, i = e % I;
-                const float gv = big[m * 2 * I + i], u = big[m * 2 * I + I + i];
-                mid[e] = gv / (1.0f + expf(-gv)) * u;
-            }
-            barrier(&bar, &sense);
-
-            quantize_in(&ly->down, mid, M, &sc);
-            rows_part(&ly->down, M, &sc, out, t, nt);
-            barrier(&bar, &sense);
-            for (int64_t i = 0; i < M * E; i++) sc.x[i] += out[i];
         }
-        if (t == 0) {
+        if (t == 0 && !stopped) {
             if (final_norm)
                 for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, final_norm, E, dims->eps, x + m * E);
             else
                 memcpy(x, sc.x, sizeof(float) * (size_t)(M * E));
         }
     }
-    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf);
-    return 0;
+    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(p16); free(sx16);
+    return atomic_load(&c.bad) ? -6 : 0;
 }

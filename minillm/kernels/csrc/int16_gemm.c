@@ -118,16 +118,17 @@ __attribute__((noinline)) static void chunk(const int16_t *p, int64_t K, int64_t
 }
 
 /* y[m0..m0+4, nb*24 .. +24] = sum over chunks of sx * sw * (the chunk's int32 sums), one 24-column block; sw
-   points at the block's first column of chunk 0 (chunk c's scales are N floats further per chunk). */
+   points at the block's first column of chunk 0 (chunk c's scales are N floats further per chunk); y's rows are
+   ldy floats apart. */
 static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, const int16_t *wb, const float *sw,
-                 float *y, int64_t N) {
+                 int64_t N, float *y, int64_t ldy) {
     int32_t acc[TM][TN] __attribute__((aligned(32)));
     for (int64_t c = 0; c < nchunks; c++) {
         const int64_t k0 = c * CHUNK, k1 = k0 + CHUNK < K ? k0 + CHUNK : K;
         chunk(p + k0, K, (k1 - k0) / 2, wb + k0 * TN, acc);
         for (int r = 0; r < TM; r++) {
             const __m256 f = _mm256_set1_ps(sx[r * nchunks + c]);
-            float *o = y + r * N;
+            float *o = y + r * ldy;
             for (int v = 0; v < 3; v++) {
                 const __m256 a = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(acc[r] + 8 * v)));
                 const __m256 prev = c ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
@@ -139,11 +140,39 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
 }
 #endif
 
+/* Rows [m0, m1) of x (rows x_stride apart) -> codes p [., K] and scales sx [., ceil(K/64)] (the same rows of
+   them). Returns 0, or 1 when a row holds NaN or inf. The fused decode step (decode_step.c) quantizes its own
+   share of rows with this; minillm_int16_gemm below all of them. */
+int minillm_int16_quantize_rows(const float *x, int64_t K, int64_t x_stride, int64_t m0, int64_t m1, int16_t *p,
+                                float *sx) {
+    const int64_t nchunks = (K + CHUNK - 1) / CHUNK;
+    int bad = 0;
+    for (int64_t m = m0; m < m1; m++) bad |= quantize_row(x + m * x_stride, K, p + m * K, sx + m * nchunks);
+    return bad;
+}
+
+/* One thread's part of the product: output columns [nb0 * 24, nb1 * 24) for all Mp rows (a multiple of 4; codes
+   and scales of the rows past the real ones must be 0), from quantized activations p / sx, into y (rows ldy
+   apart). Loops 64-row blocks outside the column blocks so a block's activations stay in L2. */
+void minillm_int16_gemm_blocks(const int16_t *p, int64_t Mp, int64_t K, const float *sx, const int16_t *wp,
+                               const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y, int64_t ldy) {
+#if W16_AVX2
+    const int64_t nchunks = (K + CHUNK - 1) / CHUNK;
+    for (int64_t m0 = 0; m0 < Mp; m0 += 64)
+        for (int64_t nb = nb0; nb < nb1; nb++)
+            for (int64_t m = m0; m < Mp && m < m0 + 64; m += TM)
+                tile(p + m * K, K, nchunks, sx + m * nchunks, wp + nb * K * TN, sw + nb * TN, N,
+                     y + m * ldy + nb * TN, ldy);
+#else
+    (void)p; (void)Mp; (void)K; (void)sx; (void)wp; (void)sw; (void)N; (void)nb0; (void)nb1; (void)y; (void)ldy;
+#endif
+}
+
 /* x [M, K] float32 (rows x_stride apart), wp the packed int16 weights of N output columns (N a multiple of 24),
    sw [ceil(K/64), N]; y [Mp, N] float32 with Mp = ceil(M/4)*4 (the rows past M are scratch). K even.
    p [Mp, K] int16 and sx [Mp, ceil(K/64)] float32 are the caller's scratch (kept between calls: a fresh buffer of
-   this size is a fresh mmap whose page faults cost more than the quantization). Returns 0; -2 when x holds NaN or inf (the caller then
-   takes the float path, which propagates them); -3 when built without AVX2. */
+   this size is a fresh mmap whose page faults cost more than the quantization). Returns 0; -2 when x holds NaN or
+   inf (the caller then takes the float path, which propagates them); -3 when built without AVX2. */
 int minillm_int16_gemm(const float *x, int64_t M, int64_t K, int64_t x_stride, const int16_t *wp, const float *sw,
                        int64_t N, float *y, int16_t *p, float *sx, int nthreads) {
 #if W16_AVX2
@@ -162,7 +191,7 @@ int minillm_int16_gemm(const float *x, int64_t M, int64_t K, int64_t x_stride, c
         for (int64_t nb = 0; nb < nblocks; nb++) {
             const int64_t t1 = (mb + 1) * mb_tiles < Mp / TM ? (mb + 1) * mb_tiles : Mp / TM;
             for (int64_t t = mb * mb_tiles; t < t1; t++)
-                tile(p + t * TM * K, K, nchunks, sx + t * TM * nchunks, wp + nb * K * TN, sw + nb * TN,
+                tile(p + t * TM * K, K, nchunks, sx + t * TM * nchunks, wp + nb * K * TN, sw + nb * TN, N,
                      y + t * TM * N + nb * TN, N);
         }
     return 0;
