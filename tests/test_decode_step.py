@@ -159,6 +159,16 @@ def test_where_the_fused_step_does_not_apply_it_declines(monkeypatch):
     assert _declines(model, cache, ids, pos, meta, CpuAttentionBackend.__new__(type("Mine", (CpuAttentionBackend,), {})))
     monkeypatch.setenv("MINILLM_DECODE_STEP", "layers")
     assert _declines(model, cache, ids, pos, meta)
+    monkeypatch.delenv("MINILLM_DECODE_STEP")
+    for qgemm in ("torch", "scalar"):       # the layers would run another matmul than the step's
+        monkeypatch.setenv("MINILLM_QGEMM", qgemm)
+        assert _declines(model, cache, ids, pos, meta)
+    monkeypatch.delenv("MINILLM_QGEMM")
+    batch = _paged(model, [3, 4, 5], 8, 2)           # rows for the int16 GEMM: only when that is the batched path
+    assert not _declines(model, _twin(batch[0]), *batch[1:])
+    monkeypatch.setenv("MINILLM_QGEMM_BATCHED", "fp16")
+    assert _declines(model, *batch)
+    monkeypatch.delenv("MINILLM_QGEMM_BATCHED")
     monkeypatch.setenv("MINILLM_DECODE_STEP", "fast")
     with pytest.raises(ValueError, match="MINILLM_DECODE_STEP"):
         _declines(model, cache, ids, pos, meta)

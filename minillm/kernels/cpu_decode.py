@@ -6,8 +6,7 @@ not apply and the layers must run — it applies only where it computes exactly 
 - every row is a decode token (query length 1). Below cpu_qgemm.BATCHED_MIN_ROWS rows the matmuls run the integer
   kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the int16 GEMM
   (csrc/int16_gemm.c) on the same packed copies the layers' batched path makes (cpu_qgemm.int16_copy), when that
-  is the batched path (cpu_qgemm.batched_path() == "int16", every layer's input width even) — otherwise the
-  layers run;
+  is the batched path (cpu_qgemm.batched_path() == "int16") — otherwise the layers run;
 - the whole model on one rank, float32, on the CPU; every decoder module of minillm's own classes with no forward
   hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized
   weight-only (W8A8 layers quantize activations per token: cpu_w8a8.py);
@@ -222,7 +221,7 @@ def _plan(model) -> _Plan | None:
 
 
 def _mode(model, input_ids: torch.Tensor, ctx) -> str | None:
-    """"qgemm" or "int16" (the matmul kernel the step would run, the one the layers would), or None: not this step."""
+    """The matmul kernel the step would run, the one the layers would ("qgemm" or "int16"), or None: not this step."""
     from minillm.layers.attention import CpuAttentionBackend
     meta, cache = ctx.meta, ctx.cache
     n = input_ids.numel()
