@@ -16,7 +16,7 @@
    matmuls and the attention per layer, 30-100 us each at batch 1); entering an OpenMP region for each let the
    workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
    wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (six per
-   layer). Every thread keeps its own copy of the residual stream and quantizes each matmul's input itself (a few
+   layer; nine with the int16 GEMM). Every thread keeps its own copy of the residual stream and quantizes each matmul's input itself (a few
    microseconds, cheaper than another barrier): the copies are bitwise equal, being the same code on the same
    inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
    and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
@@ -172,7 +172,7 @@ static int check_rows(int64_t M, const int64_t *ids, int64_t vocab, int64_t num_
 
 /* What every thread of the step reads: the step's shapes, its shared buffers and the team's barrier. */
 typedef struct {
-    int64_t M, Mp, L, E, I, H, KV, D, NQKV, G, num_slots, max_blocks, block_size, layer_floats;
+    int64_t M, Mp, E, I, H, KV, D, G, num_slots, max_blocks, block_size, layer_floats;
     float eps, scale;
     const mll_layer *layers;
     const mll_layer16 *packed;           /* int16 mode: the layers' packed copies; NULL: the qgemm.c row kernel */
@@ -189,8 +189,8 @@ typedef struct {
 } step_ctx;
 
 /* This layer's attention, tasks (sequence s, kv head h) from a shared counter (sequence lengths vary several-fold
-   within a step): rotate s's query heads of kv head h and its key head h, store k and v, attend. The counter is
-   reset by thread 0 before the barrier that ends the qkv matmul. */
+   within a step): rotate s's query heads of kv head h and its key head h, store k and v, attend. Thread 0 resets
+   the counter where every thread has left the previous layer's attention, a barrier before this one. */
 static void attention(step_ctx *c, int64_t l) {
     const int64_t H = c->H, KV = c->KV, D = c->D, G = c->G;
     float *kl = c->k_pool + l * c->layer_floats, *vl = c->v_pool + l * c->layer_floats;
@@ -354,7 +354,7 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
         return -1;
     }
     for (int64_t m = 0; m < M; m++) rows[m] = m;
-    step_ctx c = {.M = M, .Mp = Mp, .L = L, .E = E, .I = I, .H = H, .KV = KV, .D = D, .NQKV = NQKV, .G = H / KV,
+    step_ctx c = {.M = M, .Mp = Mp, .E = E, .I = I, .H = H, .KV = KV, .D = D, .G = H / KV,
                   .num_slots = num_slots, .max_blocks = max_blocks, .block_size = block_size,
                   .layer_floats = KV * num_slots * D, .eps = dims->eps, .scale = dims->scale, .layers = layers,
                   .packed = packed, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
