@@ -5,7 +5,7 @@ comment quotes; re-run it when csrc/qgemm.c changes.
     PYTHONPATH=$PWD python tools/measure_qgemm.py [--threads 1] [--rows 1 4 8 16 32 64 128 256] [--repeat 3]
 
 Paths: C = the integer kernel on the packed weights (csrc/qgemm.c), int16 = the int16 GEMM on a packed copy
-(csrc/int16_gemm.c, the default from BATCHED_MIN_ROWS = 10 rows), w8a8 = the requantized W8A8 copy (FBGEMM),
+(csrc/int16_gemm.c, the default from BATCHED_MIN_ROWS rows), w8a8 = the requantized W8A8 copy (FBGEMM),
 fp16 = an FBGEMM float16 copy, bf16 = a bfloat16 copy through oneDNN (emulated, slow, on CPUs without AVX-512),
 float = a cached float32 copy (= what `--quantization none` runs), dequant =
 expand to float32 on every call. Block layers are int4 g32 (the default GGUF's Q4_1), the LM head int8 g32 (Q8_0).

@@ -16,9 +16,9 @@
    matmuls and the attention per layer, 30-100 us each at batch 1); entering an OpenMP region for each let the
    workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
    wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (six per
-   layer; nine with the int16 GEMM). Every thread keeps its own copy of the residual stream and quantizes each matmul's input itself (a few
-   microseconds, cheaper than another barrier): the copies are bitwise equal, being the same code on the same
-   inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
+   layer; nine with the int16 GEMM). Every thread keeps its own copy of the residual stream and quantizes each
+   matmul's input itself (a few microseconds, cheaper than another barrier): the copies are bitwise equal, being
+   the same code on the same inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
    and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
 
    Batched decode steps (cpu_qgemm.BATCHED_MIN_ROWS rows and more) run the matmuls on int16_gemm.c's packed copies
@@ -57,10 +57,10 @@ void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_h
                                int64_t max_blocks, int64_t block_size, float scale, float *out,
                                int64_t out_row_stride, int64_t out_head_stride, int64_t task);
 
-int minillm_int16_quantize_rows(const float *x, int64_t K, int64_t x_stride, int64_t m0, int64_t m1, int16_t *p,
-                                float *sx);
-void minillm_int16_gemm_blocks(const int16_t *p, int64_t Mp, int64_t K, const float *sx, const int16_t *wp,
-                               const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y, int64_t ldy);
+int minillm_int16_quantize_row(const float *x, int64_t K, int16_t *p, float *sx);
+void minillm_int16_gemm_blocks(const int16_t *p, int64_t m0, int64_t m1, int64_t K, const float *sx,
+                               const int16_t *wp, const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y,
+                               int64_t ldy);
 
 /* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4). */
 typedef struct {
@@ -190,7 +190,8 @@ typedef struct {
 
 /* This layer's attention, tasks (sequence s, kv head h) from a shared counter (sequence lengths vary several-fold
    within a step): rotate s's query heads of kv head h and its key head h, store k and v, attend. Thread 0 resets
-   the counter where every thread has left the previous layer's attention, a barrier before this one. */
+   the counter as each layer starts: every thread has left the previous layer's attention (barriers followed it),
+   and none reaches this one before the barrier that ends the qkv matmul. */
 static void attention(step_ctx *c, int64_t l) {
     const int64_t H = c->H, KV = c->KV, D = c->D, G = c->G;
     float *kl = c->k_pool + l * c->layer_floats, *vl = c->v_pool + l * c->layer_floats;
@@ -246,37 +247,39 @@ static void layer_qgemm(step_ctx *c, int64_t l, scratch *sc, int t, int nt, int 
     add_rows(sc->x, c->out, M, E, E);
 }
 
-/* int16 mode, one matmul's input: this thread's rows [r0, r1), each made by `row` into tmp (K floats) and
-   quantized into the shared codes; then the barrier, after which every thread sees whether any row was NaN/inf
-   (returns 1: the whole team leaves the step together). */
-typedef void (*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
+/* int16 mode, one matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
+   is computed) and quantized into the shared codes; then the barrier, after which every thread sees whether any
+   row was NaN/inf (returns 1: the whole team leaves the step together). */
+typedef const float *(*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
 
-static void row_input_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+static const float *row_input_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
     (void)m;
     rms_norm(x_row, c->layers[l].input_norm, c->E, c->eps, tmp);
+    return tmp;
 }
-static void row_post_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+static const float *row_post_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
     (void)m;
     rms_norm(x_row, c->layers[l].post_norm, c->E, c->eps, tmp);
+    return tmp;
 }
-static void row_attn_out(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
-    (void)l; (void)x_row;
-    memcpy(tmp, c->mid + m * c->H * c->D, sizeof(float) * (size_t)(c->H * c->D));
+static const float *row_attn_out(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+    (void)l; (void)x_row; (void)tmp;
+    return c->mid + m * c->H * c->D;
 }
-static void row_silu(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+static const float *row_silu(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
     (void)l; (void)x_row;
     const float *g = c->big + m * c->ldg, *u = g + c->I;
     for (int64_t i = 0; i < c->I; i++) tmp[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    return tmp;
 }
 
 static int quantize16(step_ctx *c, int64_t l, row_fn make, int64_t K, const scratch *sc, float *tmp, int64_t r0,
                       int64_t r1, int *sense) {
     const int64_t nchunks = (K + 63) / 64;
     int bad = 0;
-    for (int64_t m = r0; m < r1; m++) {
-        make(c, l, m, sc->x + m * c->E, tmp);
-        bad |= minillm_int16_quantize_rows(tmp, K, K, 0, 1, c->p16 + m * K, c->sx16 + m * nchunks);
-    }
+    for (int64_t m = r0; m < r1; m++)
+        bad |= minillm_int16_quantize_row(make(c, l, m, sc->x + m * c->E, tmp), K, c->p16 + m * K,
+                                          c->sx16 + m * nchunks);
     if (bad) atomic_store(&c->bad, 1);
     barrier(&c->bar, sense);
     return atomic_load(&c->bad);
@@ -285,7 +288,7 @@ static int quantize16(step_ctx *c, int64_t l, row_fn make, int64_t K, const scra
 /* This thread's share of an int16 matmul: an equal run of its 24-column blocks, all rows. */
 static void gemm16(const step_ctx *c, const mll_i16 *w, int64_t K, float *y, int64_t ldy, int t, int nt) {
     const int64_t nblocks = w->n_pad / TN16;
-    minillm_int16_gemm_blocks(c->p16, c->Mp, K, c->sx16, w->tiles, w->scales, w->n_pad, t * nblocks / nt,
+    minillm_int16_gemm_blocks(c->p16, 0, c->Mp, K, c->sx16, w->tiles, w->scales, w->n_pad, t * nblocks / nt,
                               (t + 1) * nblocks / nt, y, ldy);
 }
 
@@ -307,7 +310,6 @@ static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, i
     if (quantize16(c, l, row_post_norm, E, sc, tmp, r0, r1, sense)) return 1;
     gemm16(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
     barrier(&c->bar, sense);
-    if (t == 0) atomic_store(&c->next_task, 0);         /* for the next layer's attention: 3 barriers ahead */
     if (quantize16(c, l, row_silu, c->I, sc, tmp, r0, r1, sense)) return 1;
     gemm16(c, &pk->down, c->I, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
@@ -388,12 +390,11 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
 
         int stopped = 0;
         for (int64_t l = 0; l < L && !stopped; l++) {
-            if (i16) {
+            if (t == 0) atomic_store(&c.next_task, 0);      /* see attention() */
+            if (i16)
                 stopped = layer_int16(&c, l, &sc, tmp, t, nt, &sense);
-            } else {
-                if (t == 0) atomic_store(&c.next_task, 0);  /* read after the barrier that ends the qkv matmul */
+            else
                 layer_qgemm(&c, l, &sc, t, nt, &sense);
-            }
         }
         if (t == 0 && !stopped) {
             if (final_norm)

@@ -1,12 +1,13 @@
-/* Batched quantized linear layers on the CPU (prefill, decode batches of 16+ rows): y[M, N] = x[M, K] W[N, K]^T
+/* Batched quantized linear layers on the CPU (prefill, decode batches of 3+ rows): y[M, N] = x[M, K] W[N, K]^T
    in 16-bit integer arithmetic. Both operands are quantized per chunk of 64 inputs to 13-bit codes: W once (Python,
    cpu_int16.pack) to codes q with a scale per (output column, chunk), x on every call (here) to codes p with a
    scale per (row, chunk):
 
      y[m, n] = sum_chunks sx[m, c] * sw[c, n] * sum_{k in c} p[m, k] q[n, k]
 
-   Why this shape. At 16+ rows a layer is compute-bound, and vpmaddwd (16 int16 products summed in pairs into 8
-   int32 lanes) does twice the products of a float32 FMA per instruction; on this AVX2 EPYC it ran 1.2-5x torch's
+   Why this shape. With more than a few rows a layer is compute-bound, and vpmaddwd (16 int16 products summed in
+   pairs into 8 int32 lanes) does twice the products of a float32 FMA per instruction (a Zen 3 core issues it half
+   as often: there the peaks are equal and the gain is running nearer it); on AVX2 EPYCs it ran 1.2-5x torch's
    float32 linear on SmolLM2's shapes (most at 16-64 rows, where MKL's float GEMM is least efficient). The bits
    are split by what SmolLM2 needs: its weights (int4 groups of 32 from the GGUF) re-rounded to 8 bits per output
    channel moved some layers' outputs by up to 6 % (a few large weights set the row's step), hence scales per 64
@@ -67,8 +68,9 @@ static int quantize_chunk64(const float *x, int16_t *p, float *sx) {
 }
 #endif
 
-/* Row m of x -> int16 codes p (K of them) and one scale per chunk. Returns 0, or 1 when the row holds NaN or inf. */
-static int quantize_row(const float *x, int64_t K, int16_t *p, float *sx) {
+/* One row x -> int16 codes p (K of them) and one scale per chunk. Returns 0, or 1 when the row holds NaN or inf.
+   minillm_int16_gemm quantizes every row with it; the fused decode step (decode_step.c) its own share of rows. */
+int minillm_int16_quantize_row(const float *x, int64_t K, int16_t *p, float *sx) {
     for (int64_t c0 = 0, c = 0; c0 < K; c0 += CHUNK, c++) {
         const int64_t c1 = c0 + CHUNK < K ? c0 + CHUNK : K;
 #if W16_AVX2
@@ -140,31 +142,24 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
 }
 #endif
 
-/* Rows [m0, m1) of x (rows x_stride apart) -> codes p [., K] and scales sx [., ceil(K/64)] (the same rows of
-   them). Returns 0, or 1 when a row holds NaN or inf. The fused decode step (decode_step.c) quantizes its own
-   share of rows with this; minillm_int16_gemm below all of them. */
-int minillm_int16_quantize_rows(const float *x, int64_t K, int64_t x_stride, int64_t m0, int64_t m1, int16_t *p,
-                                float *sx) {
-    const int64_t nchunks = (K + CHUNK - 1) / CHUNK;
-    int bad = 0;
-    for (int64_t m = m0; m < m1; m++) bad |= quantize_row(x + m * x_stride, K, p + m * K, sx + m * nchunks);
-    return bad;
-}
-
-/* One thread's part of the product: output columns [nb0 * 24, nb1 * 24) for all Mp rows (a multiple of 4; codes
-   and scales of the rows past the real ones must be 0), from quantized activations p / sx, into y (rows ldy
-   apart). Loops 64-row blocks outside the column blocks so a block's activations stay in L2. */
-void minillm_int16_gemm_blocks(const int16_t *p, int64_t Mp, int64_t K, const float *sx, const int16_t *wp,
-                               const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y, int64_t ldy) {
+/* Output rows [m0, m1) (multiples of 4, rows past the real ones with codes and scales 0) and columns
+   [nb0 * 24, nb1 * 24), from quantized activations p / sx, into y (rows ldy apart). Loops 64-row blocks outside
+   the column blocks so a block's activations (64 x K int16) and a column block's weights (24 x K) stay in L2 while
+   its 16 tiles run. minillm_int16_gemm gives each task one (64-row, 24-column) block; the fused decode step
+   (decode_step.c) gives each thread all rows and a run of column blocks. */
+void minillm_int16_gemm_blocks(const int16_t *p, int64_t m0, int64_t m1, int64_t K, const float *sx,
+                               const int16_t *wp, const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y,
+                               int64_t ldy) {
 #if W16_AVX2
     const int64_t nchunks = (K + CHUNK - 1) / CHUNK;
-    for (int64_t m0 = 0; m0 < Mp; m0 += 64)
+    for (int64_t mb = m0; mb < m1; mb += 64)
         for (int64_t nb = nb0; nb < nb1; nb++)
-            for (int64_t m = m0; m < Mp && m < m0 + 64; m += TM)
+            for (int64_t m = mb; m < m1 && m < mb + 64; m += TM)
                 tile(p + m * K, K, nchunks, sx + m * nchunks, wp + nb * K * TN, sw + nb * TN, N,
                      y + m * ldy + nb * TN, ldy);
 #else
-    (void)p; (void)Mp; (void)K; (void)sx; (void)wp; (void)sw; (void)N; (void)nb0; (void)nb1; (void)y; (void)ldy;
+    (void)p; (void)m0; (void)m1; (void)K; (void)sx; (void)wp; (void)sw; (void)N; (void)nb0; (void)nb1; (void)y;
+    (void)ldy;
 #endif
 }
 
@@ -181,19 +176,14 @@ int minillm_int16_gemm(const float *x, int64_t M, int64_t K, int64_t x_stride, c
     memset(sx + M * nchunks, 0, sizeof(float) * (size_t)((Mp - M) * nchunks));
     int bad = 0;
 #pragma omp parallel for schedule(static) num_threads(nthreads) reduction(| : bad) if (M * K >= 65536)
-    for (int64_t m = 0; m < M; m++) bad |= quantize_row(x + m * x_stride, K, p + m * K, sx + m * nchunks);
+    for (int64_t m = 0; m < M; m++) bad |= minillm_int16_quantize_row(x + m * x_stride, K, p + m * K, sx + m * nchunks);
     if (bad) return -2;
-    /* Tasks are (64-row block, 24-column block): a task's activations (64 x K int16) and weights (24 x K) both
-       stay in L2 while its 16 tiles run. */
-    const int64_t nblocks = N / TN, mb_tiles = 64 / TM, nmb = (Mp / TM + mb_tiles - 1) / mb_tiles;
+    const int64_t nblocks = N / TN, nmb = (Mp + 63) / 64;
 #pragma omp parallel for schedule(static) collapse(2) num_threads(nthreads)
     for (int64_t mb = 0; mb < nmb; mb++)
-        for (int64_t nb = 0; nb < nblocks; nb++) {
-            const int64_t t1 = (mb + 1) * mb_tiles < Mp / TM ? (mb + 1) * mb_tiles : Mp / TM;
-            for (int64_t t = mb * mb_tiles; t < t1; t++)
-                tile(p + t * TM * K, K, nchunks, sx + t * TM * nchunks, wp + nb * K * TN, sw + nb * TN, N,
-                     y + t * TM * N + nb * TN, N);
-        }
+        for (int64_t nb = 0; nb < nblocks; nb++)
+            minillm_int16_gemm_blocks(p, mb * 64, (mb + 1) * 64 < Mp ? (mb + 1) * 64 : Mp, K, sx, wp, sw, N, nb,
+                                      nb + 1, y, N);
     return 0;
 #else
     (void)x; (void)M; (void)K; (void)x_stride; (void)wp; (void)sw; (void)N; (void)y; (void)p; (void)sx; (void)nthreads;
