@@ -23,6 +23,7 @@ from minillm.layers.attention import AttentionMetadata, CpuAttentionBackend, Tor
 from minillm.models.llama import ForwardContext
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 from minillm.testing import random_model
+from tests.test_engine import run_engine
 
 pytestmark = pytest.mark.skipif(cpu_decode.load() is None or cpu_native.load() is None, reason="needs a C compiler")
 
@@ -237,15 +238,10 @@ def test_engine_greedy_tokens_fused_and_layers_agree(monkeypatch):
         cfg = EngineConfig(cache=CacheConfig(block_size=4, num_blocks=24),
                            scheduler=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4))
         engine = LLMEngine(_model(8, spec="int4"), tiny_tokenizer(), cfg)
-        for p in prompts:
-            engine.add_request(p, SamplingParams(temperature=0, max_tokens=14, ignore_eos=True))
-        out = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    out[o.request_id] = o.outputs[0].token_ids
+        params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+        out = run_engine(engine, [(p, params) for p in prompts])
         assert engine.block_manager.num_free_blocks == 24
-        return [out[k] for k in sorted(out)]
+        return out
     before = (cpu_decode.FUSED_STEPS, cpu_decode.FUSED_INT16_STEPS)
     fused = run("fused")
     ran = cpu_decode.FUSED_STEPS - before[0], cpu_decode.FUSED_INT16_STEPS - before[1]
@@ -360,21 +356,17 @@ def test_smollm2_batched_decode_fused_and_layers_agree(monkeypatch):
                  "What does a CPU do?", "Give me a synonym for happy.", "How many legs does a spider have?"]
     prompts = [tok.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in questions]
 
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
     def run(mode):
         monkeypatch.setenv("MINILLM_DECODE_STEP", mode)
         engine = LLMEngine(loaded.model, tok, EngineConfig.from_kwargs(quantization="auto"))
-        for p in prompts:
-            engine.add_request(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-        out = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    out[o.request_id] = o.outputs[0].token_ids
-        return [out[k] for k in sorted(out)]
+        return run_engine(engine, [(p, params) for p in prompts])
     before = cpu_decode.FUSED_INT16_STEPS
     fused = run("fused")
     assert cpu_decode.FUSED_INT16_STEPS - before >= 15          # the six rows decoded through the int16 step
     layers = run("layers")
-    agree = sum(next((i for i, (a, b) in enumerate(zip(f, g)) if a != b), len(f)) for f, g in zip(fused, layers))
-    print(f"fused vs layers: {agree}/{sum(map(len, fused))} greedy tokens before the first divergence")
-    assert agree >= 0.95 * sum(map(len, fused))
+    agree = sum(next((i for i, (a, b) in enumerate(zip(f, layers[k])) if a != b), len(f)) for k, f in fused.items())
+    total = sum(map(len, fused.values()))
+    print(f"fused vs layers: {agree}/{total} greedy tokens before the first divergence")
+    assert agree >= 0.95 * total

@@ -225,20 +225,14 @@ def test_quantized_engine_generates_like_the_dequantized_twin():
     from minillm.engine.llm_engine import LLMEngine
     from minillm.sampling.params import SamplingParams
     from minillm.testing import tiny_tokenizer
+    from tests.test_engine import run_engine
     model = _tiny(2).quantize_(QuantSpec("int4", 32), QuantSpec("int8"))
     twin = dequantized_twin(model)
     prompts = [[5, 9, 33], [100, 4, 4, 4, 7, 8, 9, 10], [77]]
 
     def run(m):
-        engine = LLMEngine(m, tiny_tokenizer())
-        for p in prompts:
-            engine.add_request(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-        out = {}
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                if o.finished:
-                    out[o.request_id] = o.outputs[0].token_ids
-        return [out[k] for k in sorted(out)]
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        return run_engine(LLMEngine(m, tiny_tokenizer()), [(p, params) for p in prompts])
     assert run(model) == run(twin)
 
 

@@ -164,6 +164,7 @@ def test_w8a8_model_generates_like_its_float_twin_at_a_stated_rate():
     from minillm.quant.policy import apply_quantization, describe
     from minillm.sampling.params import SamplingParams
     from minillm.testing import random_model, tiny_tokenizer
+    from tests.test_engine import run_engine
     from tests.tiny_models import minillm_logits
     model = random_model(2, vocab=128)
     apply_quantization(model, "w8a8")
@@ -172,16 +173,11 @@ def test_w8a8_model_generates_like_its_float_twin_at_a_stated_rate():
     for (_, m), (_, t) in zip(model.quantizable(), twin.quantizable()):
         t.weight.data.copy_(m.quant.dequantize())
     prompts = [[5, 9, 33], [100, 4, 4, 4, 7, 8, 9, 10], [77], list(range(20, 40))]
-    engine = LLMEngine(model, tiny_tokenizer())
-    for p in prompts:
-        engine.add_request(p, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o.outputs[0].token_ids
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = run_engine(LLMEngine(model, tiny_tokenizer()), [(p, params) for p in prompts])
     agree = total = 0
-    for p, out in zip(prompts, [outs[k] for k in sorted(outs)]):
+    for i, p in enumerate(prompts):
+        out = outs[str(i)]
         twin_next = minillm_logits(twin, p + out[:-1]).argmax(-1)[len(p) - 1:]
         agree, total = agree + int((twin_next == torch.tensor(out)).sum()), total + len(out)
     assert agree >= 0.75 * total, f"{agree}/{total}"
