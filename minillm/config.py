@@ -1,14 +1,22 @@
 """Configuration dataclasses. They flow one way: loader -> ModelConfig; user -> EngineConfig.
 
+This is the one module that reads the environment: every environment variable minillm knows is read by a function
+or a default below (README, "Settings", lists them).
+
 EngineConfig is the one path every entry point takes (LLM(**kwargs), LLMEngine.from_model, the CLI, the benches,
 the demo), and the dataclass fields below are the one place each default lives. Callers pass flat keyword
 arguments (`block_size=16, max_num_seqs=8`); `EngineConfig.from_kwargs` routes them to the section that owns them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import difflib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 
@@ -98,6 +106,149 @@ class SchedulerConfig:
 
 KV_CACHE_DTYPES = ("auto", "int8")
 
+# quant/policy.py applies these; they are validated here so a bad setting fails before torch is imported.
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
+QUANT_BLOCK = 32   # = quant.formats.BLOCK (a test keeps the two in step)
+
+
+def check_quantization(quantization: str, group_size: int, rules: Any = None) -> None:
+    """Raise ValueError for a setting that cannot work, before anything is read."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+    if (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < QUANT_BLOCK
+            or group_size % QUANT_BLOCK or group_size > 2**16):
+        raise ValueError(f"quantization_group_size must be a multiple of {QUANT_BLOCK} up to 65536 (32, 64, 128, "
+                         f"...), got {group_size!r}")
+    if rules is not None and quantization != "none":
+        raise ValueError("tp_rules (a learner's tensor-parallel rules) run float weights only: pass "
+                         "quantization='none' with them")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, "").strip().lower() or default
+
+
+def _choice(setting: str, env: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{setting}={value!r} (environment {env}): use one of {', '.join(allowed)}")
+
+
+DECODE_STEPS = ("fused", "layers")
+QGEMMS = ("c", "scalar", "torch")
+QGEMM_BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8")
+W8A8_KERNELS = ("auto", "fbgemm", "float", "int_mm")
+CPU_ATTENTION_KERNELS = ("c", "numba")
+
+
+@dataclass
+class KernelConfig:
+    """Which CPU kernels run: for A/B runs and tests (the defaults are the fast, exact paths). The kernels are
+    process-wide (shared C libraries and their packed weight copies), so the setting is too: an engine applies its
+    own when it is built (`use_kernels`), and the environment gives the defaults (README, "Settings")."""
+    # fused: a decode step of a quantized model in one C call (kernels/cpu_decode.py) | layers: layer by layer
+    decode_step: str = field(default_factory=lambda: _env("MINILLM_DECODE_STEP", "fused"))
+    # c: the integer kernel | scalar: the same built without SIMD | torch: dequantize + float matmul (reference)
+    qgemm: str = field(default_factory=lambda: _env("MINILLM_QGEMM", "c"))
+    # weight-only layers' product from kernels.cpu_qgemm.BATCHED_MIN_ROWS rows on (kernels/cpu_qgemm.py's table)
+    qgemm_batched: str = field(default_factory=lambda: _env("MINILLM_QGEMM_BATCHED", "int16"))
+    # W8A8 layers: fbgemm | float | int_mm; auto: fbgemm where it works, else float
+    w8a8_kernel: str = field(default_factory=lambda: _env("MINILLM_W8A8", "auto"))
+    # the CPU attention backend's decode kernel: c (csrc/paged_decode.c) | numba
+    cpu_attention_kernel: str = field(default_factory=lambda: _env("MINILLM_CPU_KERNEL", "c"))
+
+    def __post_init__(self) -> None:
+        _choice("decode_step", "MINILLM_DECODE_STEP", self.decode_step, DECODE_STEPS)
+        _choice("qgemm", "MINILLM_QGEMM", self.qgemm, QGEMMS)
+        _choice("qgemm_batched", "MINILLM_QGEMM_BATCHED", self.qgemm_batched, QGEMM_BATCHED_PATHS)
+        _choice("w8a8_kernel", "MINILLM_W8A8", self.w8a8_kernel, W8A8_KERNELS)
+        _choice("cpu_attention_kernel", "MINILLM_CPU_KERNEL", self.cpu_attention_kernel, CPU_ATTENTION_KERNELS)
+
+
+_kernels: KernelConfig | None = None
+
+
+def kernels() -> KernelConfig:
+    """The kernel settings in force in this process (from the environment until an engine or `use_kernels` sets
+    them)."""
+    global _kernels
+    if _kernels is None:
+        _kernels = KernelConfig()
+    return _kernels
+
+
+def use_kernels(settings: KernelConfig) -> None:
+    global _kernels
+    _kernels = settings
+
+
+@contextlib.contextmanager
+def kernels_set(**changes: str) -> Iterator[KernelConfig]:
+    """Run a block under other kernel settings (A/B runs, tests), then restore the ones before."""
+    before = kernels()
+    use_kernels(dataclasses.replace(before, **changes))
+    try:
+        yield kernels()
+    finally:
+        use_kernels(before)
+
+
+def cache_root() -> Path:
+    """Where minillm keeps what it builds once per machine (compiled kernels, calibration factors):
+    MINILLM_CACHE_DIR, else $XDG_CACHE_HOME/minillm, else ~/.cache/minillm."""
+    if os.environ.get("MINILLM_CACHE_DIR"):
+        return Path(os.environ["MINILLM_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minillm"
+
+
+def c_compiler() -> str:
+    return os.environ.get("CC") or "cc"
+
+
+def prefer_numba_workqueue() -> None:
+    """numba's default threading layer may be OpenMP's, which fights torch's own OpenMP pool for the cores."""
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
+
+def dist_timeout() -> datetime.timedelta:
+    """How long ranks wait for each other (start-up, a collective): MINILLM_DIST_TIMEOUT seconds, default 120."""
+    return datetime.timedelta(seconds=float(os.environ.get("MINILLM_DIST_TIMEOUT", "120")))
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it (RANK, WORLD_SIZE and MASTER_ADDR set), else None."""
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return int(os.environ["RANK"])
+    return None
+
+
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton kernels run in its interpreter on the CPU (triton reads it when a kernel is
+    decorated, so it is set before the kernel modules are imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def child_env(**changes: str) -> dict[str, str]:
+    """This process's environment with `changes`, for a child process (a compile, a grader's sandbox)."""
+    return {**os.environ, **changes}
+
+
+def questions_dir() -> Path | None:
+    """MINILLM_QUESTIONS: a question bank directory to use instead of the repository's questions/."""
+    v = os.environ.get("MINILLM_QUESTIONS")
+    return Path(v) if v else None
+
+
+def quiz_data_dir() -> Path:
+    """Where `minillm quiz` keeps its progress: MINILLM_DATA_DIR, else $XDG_DATA_HOME/minillm, else
+    ~/.local/share/minillm."""
+    if os.environ.get("MINILLM_DATA_DIR"):
+        return Path(os.environ["MINILLM_DATA_DIR"])
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "minillm"
+
+
+def no_color() -> bool:
+    return bool(os.environ.get("NO_COLOR"))
+
 EXECUTORS = ("auto", "mp", "thread", "env")
 
 
@@ -184,6 +335,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: Optional[SpeculativeConfig] = None   # given as speculative_config={...} (vLLM's name)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    kernels: KernelConfig = field(default_factory=kernels)
 
     def __post_init__(self) -> None:
         self.speculative = SpeculativeConfig.parse(self.speculative)
@@ -254,7 +406,6 @@ class EngineConfig:
             raise ValueError("layer_skip speculation drafts with the target's own first layers, which a parallel "
                              "engine has spread over several ranks: use ngram or draft_model with "
                              "tensor/pipeline parallelism")
-        from minillm.quant.policy import check_quantization
         check_quantization(self.quantization, self.quantization_group_size)
         if self.attention_backend not in ("auto", "torch", "cpu", "triton"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}: use 'torch', 'cpu', "
@@ -266,10 +417,11 @@ class EngineConfig:
     def as_kwargs(self) -> dict[str, Any]:
         """The flat view from_kwargs takes (for printing and for copies with a change)."""
         flat = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("cache", "scheduler", "speculative", "parallel")}
+                if f.name not in ("cache", "scheduler", "speculative", "parallel", "kernels")}
         flat.update(dataclasses.asdict(self.cache))
         flat.update(dataclasses.asdict(self.scheduler))
         flat.update(dataclasses.asdict(self.parallel))
+        flat.update(dataclasses.asdict(self.kernels))
         flat["speculative_config"] = self.speculative.as_dict() if self.speculative else None
         return flat
 
@@ -277,13 +429,18 @@ class EngineConfig:
         return EngineConfig.from_kwargs(**{**self.as_kwargs(), **changes})
 
 
-SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig}
+SECTIONS = {"cache": CacheConfig, "scheduler": SchedulerConfig, "parallel": ParallelConfig, "kernels": KernelConfig}
+
+# SamplingParams' fields (sampling/params.py; a test keeps the two in step): an engine setting by one of these names
+# is a per-request setting passed to the wrong place.
+SAMPLING_SETTING_NAMES = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                          "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "n",
+                          "logprobs", "skip_special_tokens", "structured_outputs")
 
 
 def _unknown_setting(name: str) -> str:
     """`name` with what it was probably meant to be: a misspelt setting, or a per-request sampling field."""
-    from minillm.sampling.params import SamplingParams
-    if name in SamplingParams.__dataclass_fields__:
+    if name in SAMPLING_SETTING_NAMES:
         return f"{name} (a sampling setting: pass SamplingParams({name}=...) to generate)"
     close = difflib.get_close_matches(name.lower().replace("-", "_"), setting_names(), n=3, cutoff=0.6)
     return f"{name} (did you mean {' or '.join(close)}?)" if close else name

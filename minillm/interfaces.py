@@ -20,14 +20,15 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
     ProcessFn             sampling.processors.process_logits               Sampler(process_fn=...)            lab06
     DrawFn                sampling.sampler.draw                            Sampler(draw_fn=...)               lab06
     Sampler               sampling.sampler.Sampler                         engine.plug(sampler=...)
-    RejectionSampler      sampling.rejection_sampler.RejectionSampler      engine.plug(rejection_sampler=...) lab07
+    RejectionSampler      spec_decode.rejection_sampler.RejectionSampler      engine.plug(rejection_sampler=...) lab07
     RejectionRule         (per request; the engine's is vectorized)        RejectionSampler(rule=...)         lab07
-    NgramLookup           sampling.ngram.find_ngram_draft                  NgramProposer(lookup=...)          lab07
-    Proposer              sampling.ngram.NgramProposer, sampling.draft_model.ModelDraftProposer
+    NgramLookup           spec_decode.ngram.find_ngram_draft                  NgramProposer(lookup=...)          lab07
+    Proposer              spec_decode.ngram.NgramProposer, spec_decode.draft_model.ModelDraftProposer
                                                                            engine.plug(proposer=...)          lab07
     RegexCompiler         structured.automata.compile_regex                engine.plug(regex_compiler=...)    lab10
     TokenIndexBuilder     structured.token_index.build_token_index         engine.plug(token_index_builder=)  lab10
-    TensorParallelRules   parallel.layers.MegatronRules (MEGATRON)         LlamaModel(rules=), LLM(tp_rules=)  lab09
+    TensorParallelRules   layers.linear.MegatronRules (MEGATRON)         LlamaModel(rules=), LLM(tp_rules=)  lab09
+    StepDriver            executor.workers.Workers                         LLMEngine(workers=...)
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
 
 Later labs add the quantized linear and router here.
@@ -285,7 +286,7 @@ class TensorParallelRules(Protocol):
     v, gate, up: each a part of `num_units` units of `unit_size` rows) keeps `column_rows(...)` of its rows on a
     rank and computes `column_forward(x, weight, bias, comm)`; every row-parallel matrix (o_proj, down_proj) keeps
     `row_cols(...)` of its input columns and computes `row_forward(x, weight, bias, comm)`. comm is a
-    minillm.parallel.comm.Communicator (all_reduce, all_gather, ...; it counts what it sends)."""
+    minillm.distributed.comm.Communicator (all_reduce, all_gather, ...; it counts what it sends)."""
 
     def column_rows(self, num_units: int, unit_size: int, rank: int, world_size: int) -> range: ...
 
@@ -304,6 +305,15 @@ class Quantizer(Protocol):
     Plugged with LlamaModel.quantize_(..., quantizer=); the engine's kernels then run the learner's weights."""
 
     def __call__(self, weight: "torch.Tensor", spec: Any) -> Any: ...
+
+
+class StepDriver(Protocol):
+    """Rank 0's link to the other ranks of a parallel engine (executor/workers.py): every step is sent before it
+    runs, and a step that fails on rank 0 stops them all."""
+
+    def send_step(self, inputs: Any) -> None: ...
+
+    def failure(self, error: BaseException) -> BaseException: ...
 
 
 class StepObserver(Protocol):

@@ -10,6 +10,8 @@ from minillm.config import EngineConfig
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
+from minillm.executor.launch import start_engine
+from minillm.interfaces import TensorParallelRules, missing_members
 
 
 class LLM:
@@ -25,10 +27,8 @@ class LLM:
     """
 
     def __init__(self, model: str = "default", *, tp_rules=None, **settings) -> None:
-        from minillm.parallel.launch import start_engine
         config = EngineConfig.from_kwargs(**settings)   # validate before the (slow) load
         if tp_rules is not None:
-            from minillm.interfaces import TensorParallelRules, missing_members
             if not isinstance(tp_rules, TensorParallelRules):
                 raise TypeError(f"tp_rules: a {type(tp_rules).__name__} lacks "
                                 f"{', '.join(missing_members(tp_rules, TensorParallelRules))} of "

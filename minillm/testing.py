@@ -557,7 +557,7 @@ def save_model_dir(model, path) -> "Path":
     import json
     from pathlib import Path
     from safetensors.torch import save_file
-    from minillm.parallel.shard_util import hf_config, hf_state
+    from minillm.loading.export import hf_config, hf_state
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = model.cfg

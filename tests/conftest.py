@@ -1,3 +1,4 @@
+import json
 import os
 
 # Kernels read TRITON_INTERPRET when they are decorated: set it before anything imports them.
@@ -7,6 +8,41 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+
+# Durations the tests measure but do not judge (a time budget is a measurement, not a correctness property): name ->
+# seconds, collected through the `record_duration` fixture and written at session end to .pytest_durations.json.
+_DURATIONS: dict[str, float] = {}
+DURATIONS_FILE = ".pytest_durations.json"
+
+
+@pytest.fixture(scope="session")
+def record_duration():
+    """record_duration(name, seconds): report a measured duration (never an assertion) in .pytest_durations.json
+    (repo root, rewritten by each run that records any) and in the run's terminal summary."""
+    def record(name: str, seconds: float) -> None:
+        _DURATIONS[name] = round(float(seconds), 3)
+    return record
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist controller: a worker's durations come back in its workeroutput."""
+    _DURATIONS.update(getattr(node, "workeroutput", {}).get("durations", {}))
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):       # an xdist worker: hand them to the controller, which writes
+        session.config.workeroutput["durations"] = dict(_DURATIONS)
+    elif _DURATIONS:
+        text = json.dumps(dict(sorted(_DURATIONS.items())), indent=1)
+        (session.config.rootpath / DURATIONS_FILE).write_text(text + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if _DURATIONS and not hasattr(config, "workerinput"):
+        terminalreporter.section(f"measured durations (also in {DURATIONS_FILE})")
+        for name, seconds in sorted(_DURATIONS.items()):
+            terminalreporter.write_line(f"{seconds:9.1f} s  {name}")
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@ Driven by the list of lab folders (solutions/labNN), so a new lab is covered the
 - the .ipynb sources are up to date with their jupytext .py, and follow the cell conventions;
 - labs/ is what `nbgrader generate_assignment` makes of solutions/ today (checked on the autograde run's release);
 - real `nbgrader autograde` into a throwaway gradebook: the solution gets full marks, the untouched release 0;
-- the solution's autograde (a full top-to-bottom run) finishes without errors in under 3 minutes;
+- the solution's autograde (a full top-to-bottom run) finishes without errors; its run time is measured and
+  reported (.pytest_durations.json), not judged: a time budget is a measurement, not a correctness property;
 - `minillm grade` gives full marks (exit 0) to a solution folder and 0 (exit 1) to a release folder;
 - feedback in a real kernel: a failing graded cell shows the checker's verdict alone (no grader frame, no install
   path) under nbgrader autograde, and `minillm grade` prints whole verdicts, syntax errors in answer cells and
@@ -18,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -28,7 +30,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 import build_notebooks as bn  # noqa: E402
 
 LABS = bn.lab_ids(ROOT)
-TIME_BUDGET_S = 180
 
 
 def graded(nb):
@@ -122,7 +123,7 @@ def check_release_in_sync(lab: str, course: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
+def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path, record_duration):
     from nbgrader.api import Gradebook
     course = course_copy(tmp_path / "course", lab)
     state = tmp_path / "state"
@@ -137,16 +138,18 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path):
     if lab == "lab00":                 # and one wrong answer, to see what a learner sees (the same nbgrader run)
         submit_wrong_lab00(course)
     # One autograde run grades both submissions (each executed top to bottom in its own kernel); the solution's
-    # executed copy is also the learner's run: errors anywhere, unexecuted cells and the lab's time budget are
-    # checked on it. (One nbgrader process, not two: each start costs ~5 s of imports.)
-    bn.nbgrader(["autograde", lab, "--force"], course, state, timeout=1800)
+    # executed copy is also the learner's run: errors anywhere and unexecuted cells are checked on it, and its run
+    # time is reported (not judged). (One nbgrader process, not two: each start costs ~5 s of imports.)
+    t0 = time.perf_counter()
+    bn.nbgrader(["autograde", lab, "--force"], course, state, timeout=1800)        # a hang guard, not a budget
+    record_duration(f"{lab}: nbgrader autograde (solution + blank)", time.perf_counter() - t0)
     ran = nbformat.read(course / "autograded" / "solution" / lab / f"{lab}.ipynb", as_version=4)
     errors = [(i, o.ename, o.evalue) for i, c in enumerate(ran.cells) if c.cell_type == "code"
               for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, errors
     assert all(c.execution_count for c in ran.cells if c.cell_type == "code")
     elapsed = run_seconds(ran)
-    assert elapsed < TIME_BUDGET_S, f"{lab} took {elapsed:.0f} s top to bottom (budget {TIME_BUDGET_S} s)"
+    record_duration(f"{lab}: solution notebook top to bottom", elapsed)
     print(f"{lab}: {elapsed:.0f} s top to bottom")
     with Gradebook(f"sqlite:///{state / 'gradebook.db'}") as gb:
         max_score = gb.find_assignment(lab).max_score

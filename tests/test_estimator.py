@@ -123,7 +123,7 @@ gpus = st.sampled_from(["h100-sxm", "h200-sxm", "b200"])
 @given(model=models, gpu=gpus, tp=st.sampled_from([1, 2, 4, 8]), fmt=st.sampled_from(["bf16", "fp8", "int4"]))
 @example(model="llama-3.1-70b", gpu="h100-sxm", tp=4, fmt="bf16")
 def test_tp_divides_weight_bytes_per_gpu(model, gpu, tp, fmt):
-    from minillm.models.catalog import model_shape
+    from minillm.catalog import model_shape
     if model_shape(model).num_heads % tp:
         return
     one = memory_plan(Deployment(model, gpu, 1, fmt)).weights_gb_per_gpu

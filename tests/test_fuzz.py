@@ -411,7 +411,7 @@ def check_setting(tiny_dir, settings_: dict) -> None:
 
     def stop(*args, **kwargs):
         raise Loaded
-    with mock.patch("minillm.parallel.launch.start_engine", stop):
+    with mock.patch("minillm.executor.launch.start_engine", stop):
         try:
             LLM(str(tiny_dir), **settings_)
         except Loaded:

@@ -15,7 +15,6 @@ import functools
 import operator
 import re
 import signal
-import time
 
 import nbformat
 import pytest
@@ -180,9 +179,7 @@ def spin(flops, nbytes, peak_flops, bandwidth):
 
 def test_an_endless_loop_times_out_naming_the_task_and_the_line(monkeypatch):
     monkeypatch.setenv("MINILLM_TIME_LIMIT_SCALE", "0.01")          # 120 s -> 1.2 s
-    t0 = time.perf_counter()
-    msg = verdict(check_lab00_3, spin)
-    assert time.perf_counter() - t0 < 10
+    msg = verdict(check_lab00_3, spin)       # the scaled limit fired (the message names it), not the 120 s one
     assert msg.startswith("timed out after 1.2 s: the check of lab00_3 (roofline_time) did not finish (it was "
                           "running your code, in spin, line "), msg
     assert "the call in progress: spin(flops=270000000.0" in msg and "endless loop" in msg, msg
@@ -205,12 +202,11 @@ def test_time_limits_nest():
         assert e.value.limit is inner
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 5        # the outer one still runs
     assert outer is not None and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    t0 = time.perf_counter()
     with pytest.raises(core.TimedOut) as e:
         with core.time_limit(0.2) as outer:
             with core.time_limit(30):                   # never extends the outer one
                 loop()
-    assert e.value.limit is outer and time.perf_counter() - t0 < 5
+    assert e.value.limit is outer and str(e.value) == "timed out after 0.2 s"
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None) or \
         signal.getsignal(signal.SIGALRM) is not core._on_alarm
 

@@ -10,8 +10,8 @@ import torch
 
 from minillm.grading.lab07 import (MISTAKES, STAT_CASES, TASKS, THRESHOLD, check_lab07_1, check_lab07_2,
                                    reference_find_ngram_draft, single_step)
-from minillm.sampling.ngram import find_ngram_draft
-from minillm.sampling.rejection_sampler import RejectionSampler
+from minillm.spec_decode.ngram import find_ngram_draft
+from minillm.spec_decode.rejection_sampler import RejectionSampler
 from minillm.testing import chi_square
 from grading_helpers import rejected
 

@@ -7,7 +7,7 @@ import pytest
 
 from minillm.grading.lab09 import (TASKS, CommBytesRef, check_lab09_1, check_lab09_2, check_lab09_3, check_lab09_4,
                                    column_rows_ref, row_cols_ref)
-from minillm.parallel.layers import MEGATRON, MegatronRules
+from minillm.layers.linear import MEGATRON, MegatronRules
 from grading_helpers import rejected
 
 

@@ -361,7 +361,7 @@ def _calibration(seed: int, k: int = 128, t: int = 1024):
 
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_gptq_beats_round_to_nearest_on_the_layer_output(group):
-    from minillm.quant.gptq import gptq_int4
+    from minillm.calibration.gptq import gptq_int4
     x, w = _calibration(0), _rand(48, 128, 9)
     h = x.double().T @ x.double()
     def out_err(qw):
@@ -378,7 +378,7 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output(group):
 def test_gptq_with_uncorrelated_inputs_is_round_to_nearest():
     """With H = I no column's error can be absorbed by another: GPTQ must reduce to RTN (a check that the error
     feedback is not doing something else, e.g. propagating along the wrong axis)."""
-    from minillm.quant.gptq import gptq_int4
+    from minillm.calibration.gptq import gptq_int4
     w = _rand(16, 64, 10)
     gq, rtn = gptq_int4(w, torch.eye(64, dtype=torch.float64), 32, damp=0.0), quantize(w, QuantSpec("int4", 32))
     assert torch.equal(gq.scales, rtn.scales) and torch.equal(gq.mins, rtn.mins)

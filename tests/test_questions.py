@@ -2,15 +2,20 @@
 seed collections, evidence that resolves, numbers that recompute, and `minillm quiz --list` over it all."""
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from minillm.cli import build_parser
 from minillm.quiz.bank import PLANNED_TOPICS, load_bank, load_schema, load_sources, read_yaml, topic_files, validate_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,9 +89,36 @@ def _checks():
     return [(q, i) for q in b.questions.values() for i in range(len(q.checks))]
 
 
+def resolve_evidence(ref: str) -> None:
+    """Raise ValueError unless `ref` is an importable minillm name or a `minillm ...` command line
+    that the CLI parser accepts."""
+    if ref.startswith("minillm "):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                build_parser().parse_args(shlex.split(ref)[1:])
+        except SystemExit:
+            raise ValueError(f"evidence {ref!r}: the minillm CLI does not accept this command") from None
+        return
+    if not ref.startswith("minillm."):
+        raise ValueError(f"evidence {ref!r}: write a dotted name under minillm (minillm.kv.sizing.kv_cache_bytes) "
+                         "or a command starting with 'minillm '")
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                raise ValueError(f"evidence {ref!r}: {'.'.join(parts[:i])} has no attribute path "
+                                 f"{'.'.join(parts[i:])}")
+            obj = getattr(obj, attr)
+        return
+    raise ValueError(f"evidence {ref!r}: no such module")
+
+
 @pytest.mark.parametrize("qid, ref", _evidence())
 def test_evidence_resolves(qid, ref):
-    from minillm.quiz.evidence import resolve_evidence
     resolve_evidence(ref)
 
 
@@ -132,7 +164,7 @@ def test_quiz_list_shows_every_topic_file():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("MINILLM_QUESTIONS", None)
     r = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--list"], capture_output=True, text=True,
-                       cwd=REPO, env=env, timeout=120)
+                       cwd=REPO, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
     for path in TOPIC_FILES:
@@ -272,7 +304,7 @@ def _footprint(check: dict):
     """For a check whose claim is a whole catalog model's weight bytes: (key, claimed bytes, bytes with everything
     quantized, bytes with 16-bit embeddings and LM head); None for any other check. The key is the model's
     parameter count (Llama-3 and 3.1 share shapes), bits, group size and scale bits."""
-    from minillm.models.catalog import KNOWN_MODELS, model_shape
+    from minillm.catalog import KNOWN_MODELS, model_shape
     from minillm.quant.memory import WeightFormat, checkpoint_bytes, weight_format
     from minillm.quiz.numbers import parse_claim
     fn, a = check["fn"], check.get("args", {})
@@ -317,7 +349,7 @@ def _embedding_problems(checks: list[tuple[str, dict]]) -> list[str]:
 
 def _context_problems(checks: list[tuple[str, dict]]) -> list[str]:
     """A serving scenario whose requests do not fit the model's context window (Llama-3 has 8K, Llama-3.1 128K)."""
-    from minillm.models.catalog import model_shape
+    from minillm.catalog import model_shape
     out = []
     for qid, check in checks:
         for fn, a in _leaves(check["fn"], check.get("args", {})):

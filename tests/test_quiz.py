@@ -481,7 +481,7 @@ def test_scripted_session_end_to_end_via_subprocess(bank_dir, tmp_path):
     script = "the cache stores K and V of past tokens for every layer\n\ng\n\nh\n"
     r = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--n", "2", "--bank", str(bank_dir),
                         "--topic", "kv-cache", "--seed", "0"], input=script, capture_output=True, text=True,
-                       env=_env(data, tmp_path), cwd=REPO, timeout=120)
+                       env=_env(data, tmp_path), cwd=REPO, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "[1/2]" in r.stdout and "[2/2]" in r.stdout and "[x] Stores K and V" in r.stdout
     assert "\033[" not in r.stdout                       # piped: no colour codes
@@ -490,14 +490,14 @@ def test_scripted_session_end_to_end_via_subprocess(bank_dir, tmp_path):
     assert set(cards) == {"kv-what", "kv-size"} and {c["last_rating"] for c in cards.values()} == {"good", "hard"}
     # The next round starts with the questions not seen yet (the serving ones); reviewed ones are not due.
     r2 = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--n", "1", "--bank", str(bank_dir)],
-                        input="", capture_output=True, text=True, env=_env(data, tmp_path), cwd=REPO, timeout=120)
+                        input="", capture_output=True, text=True, env=_env(data, tmp_path), cwd=REPO, timeout=300)
     assert r2.returncode == 0 and "(0 due, 2 new)" in r2.stdout and "[1/1] serving" in r2.stdout
     assert "(end of input)" in r2.stdout and json.loads((data / "quiz.json").read_text())["cards"] == cards
 
 
 def test_importing_minillm_quiz_does_not_import_torch():
     code = "import sys, minillm.quiz, minillm.quiz.cli; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=300)
 
 
 def test_question_from_dict_normalizes_whitespace():

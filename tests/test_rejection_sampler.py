@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings, strategies as st
 
-from minillm.sampling.rejection_sampler import RejectionSampler
+from minillm.spec_decode.rejection_sampler import RejectionSampler
 from minillm.sampling.sampler import make_generator
 from minillm.testing import chi_square
 

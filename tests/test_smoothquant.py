@@ -1,4 +1,4 @@
-"""SmoothQuant for W8A8 (quant/smooth.py, the `smooth` factors of formats.QuantizedWeight).
+"""SmoothQuant for W8A8 (calibration/smoothquant.py, the `smooth` factors of formats.QuantizedWeight).
 
 The definition is checked, not just the code: a smoothed W8A8 product equals per-token codes of x / s times per-channel
 codes of W diag(s) (written here in float64); smoothing is exact in exact arithmetic (dequantize gives back W);
@@ -121,7 +121,7 @@ def test_calibrated_w8a8_is_closer_to_float_than_plain_w8a8():
 
 def test_factors_are_cached_per_checkpoint_and_a_damaged_file_is_recomputed(tmp_path, monkeypatch):
     from minillm.testing import tiny_tokenizer
-    monkeypatch.setenv("MINILLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MINILLM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(sq, "WINDOWS", 1)
     monkeypatch.setattr(sq, "WINDOW", 32)
     ckpt = tmp_path / "model.gguf"

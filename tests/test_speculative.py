@@ -14,11 +14,11 @@ from hypothesis import example, given, settings, strategies as st
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.layers.attention import TorchAttentionBackend
-from minillm.sampling.draft_model import ModelDraftProposer
-from minillm.sampling.ngram import NgramProposer, find_ngram_draft
+from minillm.spec_decode.draft_model import ModelDraftProposer
+from minillm.spec_decode.ngram import NgramProposer, find_ngram_draft
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.rejection_sampler import RejectionSampler
-from minillm.sampling.speculative import Draft
+from minillm.spec_decode.rejection_sampler import RejectionSampler
+from minillm.spec_decode.draft import Draft
 from minillm.testing import chi_square, random_model, tiny_model
 from tests.test_engine import finish_all, run_engine
 
@@ -66,12 +66,12 @@ def check_kv(engine: LLMEngine) -> None:
     bm.check_invariants()
     for seq in engine.scheduler.running:
         assert len(bm.block_table(seq.seq_id)) == -(-seq.num_computed_tokens // bm.block_size), seq
-        assert not seq.spec_token_ids or seq.num_computed_tokens == seq.num_tokens - 1
+        assert not seq.spec.token_ids or seq.num_computed_tokens == seq.num_tokens - 1
     proposer = engine.spec.proposer if engine.spec else None
     if isinstance(proposer, ModelDraftProposer):
         proposer.block_manager.check_invariants()
         for seq in engine.scheduler.running:     # the draft's KV holds real tokens only, once guesses are settled
-            if not seq.spec_token_ids and proposer.block_manager.has_seq(seq.seq_id):
+            if not seq.spec.token_ids and proposer.block_manager.has_seq(seq.seq_id):
                 assert proposer.block_manager.num_computed_tokens(seq.seq_id) <= seq.num_tokens - 1, seq
 
 
@@ -189,13 +189,13 @@ def test_aborts_mid_speculation_leak_nothing(proposer):
     for _ in range(12):
         engine.step()
         check_kv(engine)
-    waiting_with_guesses = [s for s in engine.scheduler.running if s.spec_token_ids]
+    waiting_with_guesses = [s for s in engine.scheduler.running if s.spec.token_ids]
     assert waiting_with_guesses
     victim = waiting_with_guesses[0]
     draft_bm = getattr(engine.spec.proposer, "block_manager", None)
     assert draft_bm is None or draft_bm.has_seq(victim.seq_id)
     engine.abort(victim.request_id)
-    assert not victim.spec_token_ids and (draft_bm is None or not draft_bm.has_seq(victim.seq_id))
+    assert not victim.spec.token_ids and (draft_bm is None or not draft_bm.has_seq(victim.seq_id))
     check_kv(engine)
     engine.step()
     engine.abort(engine.scheduler.running[-1].request_id)

@@ -257,7 +257,7 @@ class CoinProposer:
         self.gen = torch.Generator().manual_seed(123)
 
     def propose(self, seqs, num_tokens):
-        from minillm.sampling.speculative import Draft
+        from minillm.spec_decode.draft import Draft
         q = torch.zeros(1, TOK.vocab_size)
         q[0, [self.good, self.bad]] = 0.5
         out = []

@@ -4,7 +4,6 @@ Patterns are drawn as ASTs and rendered to text, so every drawn pattern is valid
 random over an alphabet with 1- to 4-byte UTF-8 characters and as strings the pattern's own grammar generates (so
 matches are common, not rare), then mutated."""
 import re
-import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -112,9 +111,8 @@ def test_unsupported_or_malformed_patterns_name_the_construct(pattern, needle):
         compile_regex(pattern)
 
 
+@pytest.mark.timeout(600)          # a hang guard, not a budget: the state cap stops it, and says so
 def test_a_state_blow_up_is_a_clear_error_not_a_hang():
-    t = time.perf_counter()
     with pytest.raises(RegexTooComplex, match="automaton states"):
         compile_regex(r"[ab]*a[ab]{20}")
-    assert time.perf_counter() - t < 30        # generous: the cap stops it, not the test's patience
     assert compile_regex(r"[ab]*a[ab]{3}").num_states == 16      # 2^(3+1): the exponential family, small enough

@@ -6,7 +6,28 @@ import json
 import torch
 
 from minillm.bench.workload import WorkloadSpec, make_workload
-from minillm.cli_args import engine_config, load_with_status
+from minillm.cli_args import engine_config, status
+from minillm.loading.loader import load_model
+from minillm.bench.kv import kv_bench, pool_tokens_per_gib
+from minillm.bench.prefix import prefix_bench
+from minillm.bench.prefix import format_prefix
+from minillm.bench.throughput import throughput_plot
+from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
+from minillm.quant.policy import describe
+from minillm.kernels import cpu_qgemm, cpu_w8a8
+from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
+from minillm.bench.structured import format_structured, structured_bench as run_bench
+
+
+
+def load_with_status(args: argparse.Namespace, config: EngineConfig):
+    """The model `--model` names, in the config's dtype, with `--threads` applied and a status line meanwhile."""
+    import torch
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    with status(f"loading {args.model} model"):
+        return load_model(args.model, config.dtype, quantization=config.quantization,
+                          group_size=config.quantization_group_size)
 
 
 def run(args) -> int:
@@ -24,13 +45,11 @@ def run(args) -> int:
     if args.what == "throughput":
         result = throughput(spec, args, getattr(args, "quantizations", None) or [config.quantization])
         if args.plot:
-            from minillm.bench.throughput import throughput_plot
             throughput_plot(result, args.plot)
         print(json.dumps(result) if args.json else format_throughput(result, args.plot))
         return 0
     loaded = load_with_status(args, config)
     if args.what == "kv":
-        from minillm.bench.kv import kv_bench, pool_tokens_per_gib
         workload = make_workload(loaded.tokenizer, spec)
         result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
                           max_model_len=args.reserve_len,
@@ -39,8 +58,6 @@ def run(args) -> int:
         result["workload"] = spec.as_dict()
         print(json.dumps(result) if args.json else format_kv(result))
     else:
-        from minillm.bench.prefix import prefix_bench
-        from minillm.bench.prefix import format_prefix
         result = prefix_bench(loaded.model, loaded.tokenizer, config, repeats=args.repeat or 2,
                               progress=not args.json)
         print(json.dumps(result) if args.json else format_prefix(result))
@@ -50,8 +67,6 @@ def run(args) -> int:
 def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     """The workload through minillm once per --quantization (rounds interleaved, --repeat of them, each keeping
     its fastest run), then transformers' static batches; the first quantization's run is the headline."""
-    from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
-    from minillm.quant.policy import describe
     progress = not args.json
     models, runs = {}, {}
     for q in quantizations:
@@ -91,7 +106,6 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
 
 def matmul_paths(quantization: str, model=None) -> str:
     """Which matmul runs the linear layers at which step size, in words (minillm/kernels/cpu_qgemm.py)."""
-    from minillm.kernels import cpu_qgemm, cpu_w8a8
     if quantization == "none":
         return "float GEMM at every size"
     if quantization == "w8a8":
@@ -142,7 +156,6 @@ def pool_line(per_gib: dict[str, int]) -> str:
 
 
 def spec_bench(args) -> int:
-    from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
     if getattr(args, "spec_method", None) or getattr(args, "spec_num_speculative_tokens", None):
         raise ValueError("bench spec runs every proposer itself: choose them with --proposers and k with --k "
                          "(not --speculative / --num-speculative-tokens)")
@@ -164,7 +177,6 @@ def spec_bench(args) -> int:
 
 def structured_bench(args) -> int:
     import sys
-    from minillm.bench.structured import format_structured, structured_bench as run_bench
     config = engine_config(args)
     loaded = load_with_status(args, config)
     progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))

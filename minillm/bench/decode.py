@@ -15,6 +15,8 @@ import torch
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling.params import SamplingParams
+from minillm.kernels import cpu_decode
+from minillm.quant.policy import describe
 
 
 @dataclass
@@ -104,7 +106,6 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
             raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
                              f"within {engine.max_model_len} positions (the model's context or the KV pool)")
         engines.append((loaded, config, engine, {n: time_prefill(engine, n) for n in prompt_lens}))
-    from minillm.kernels import cpu_decode
     rounds_ms: list[list[float]] = [[] for _ in engines]
     steps_fused = [False] * len(engines)
     peer_rounds: list[dict] = []
@@ -118,7 +119,6 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
         if progress is not None:
             progress(r + 1, rounds)
     bw = measure_bandwidth()
-    from minillm.quant.policy import describe
     for (loaded, config, engine, prefill), ms, fused in zip(engines, rounds_ms, steps_fused):
         wbytes = loaded.model.weight_bytes()
         bound_ms = 1000 * wbytes / bw

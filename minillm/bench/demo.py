@@ -13,6 +13,7 @@ from minillm.cli_args import engine_config
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
+from minillm.loading.loader import load_model
 
 STREAMED = ["What is the capital of France?", "Give me two tips for learning to cook."]
 BATCH = ["What is the capital of France?", "Write a haiku about autumn leaves.", "What is a black hole?",
@@ -32,7 +33,6 @@ def _rule(title: str) -> None:
 
 
 def run_demo(args) -> int:
-    from minillm.loading.loader import load_model
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     t = time.perf_counter()

@@ -13,6 +13,10 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from minillm.sampling.params import SamplingParams
+from minillm.loading.loader import peek_config
+from minillm.executor.launch import start_engine
+from minillm.distributed.sharding import tp_problems
 
 def parse_layout(name: str) -> tuple[int, int, int | None]:
     """'tp3' -> (3, 1, None); 'pp2' -> (1, 2, None): micro-batches one per stage; 'pp2x1' -> (1, 2, 1)."""
@@ -62,7 +66,6 @@ def nvlink_ms_per_token(formula: dict, tp: int) -> float:
 
 
 def measure(engine, batch: int, steps: int, prompt_len: int, vocab: int, seed: int = 0) -> Measured:
-    from minillm.sampling.params import SamplingParams
     rng = random.Random(seed)
     comm = engine.runner.comm
     # the prefill emits the first token and the first decode step is not timed (its stats began mid-prefill), so
@@ -100,9 +103,6 @@ def measure(engine, batch: int, steps: int, prompt_len: int, vocab: int, seed: i
 
 def run_parallel_bench(model: str, config, layouts=("tp1", "tp2", "tp3", "pp2", "pp2x1"), batch_sizes=(1, 16),
                        steps: int = 16, prompt_len: int = 32, progress=None) -> dict:
-    from minillm.loading.loader import peek_config
-    from minillm.parallel.launch import start_engine
-    from minillm.parallel.sharding import tp_problems
     cfg = peek_config(model)
     out = {"model": cfg.name, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "layouts": {},
            "batch_sizes": list(batch_sizes), "decode_steps": steps, "prompt_len": prompt_len,

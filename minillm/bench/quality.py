@@ -23,45 +23,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-CALIBRATION_CHARS = 200_000
+from minillm.calibration.text import CALIBRATION_CHARS, calibration_text, corpus, eval_windows, sequence_logits  # noqa: F401
+from minillm.loading.loader import load_model
+from minillm.quant.policy import describe
+from minillm.calibration.gptq import gptq_quantize_model
 
-
-def corpus() -> str:
-    import pydoc_data.topics as topics
-    return "".join(topics.topics[k] for k in sorted(topics.topics))
-
-
-def calibration_text() -> str:
-    return corpus()[:CALIBRATION_CHARS]
-
-
-CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (quant/gptq.py)
+CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (calibration/gptq.py)
 KV_SETTINGS = {"kv-int8": ("none", "int8")}   # settings that quantize the KV cache: (weights, kv_cache_dtype)
-
-
-def eval_windows(tokenizer, num_windows: int, window: int, calibration: bool = False) -> list[list[int]]:
-    """`num_windows` token windows of `window` tokens from the held-out part of the corpus (or, with `calibration`,
-    from the calibration slice: the two never overlap)."""
-    text = corpus()
-    ids = tokenizer.encode(text[:CALIBRATION_CHARS] if calibration else text[CALIBRATION_CHARS:])
-    stride = max(window, (len(ids) - window) // max(1, num_windows))
-    out = [ids[i:i + window] for i in range(0, len(ids) - window + 1, stride)][:num_windows]
-    if len(out) < num_windows:
-        raise ValueError(f"the held-out text has room for {len(out)} windows of {window} tokens")
-    return out
-
-
-def sequence_logits(model, ids: list[int], kv_cache_dtype: str = "auto") -> torch.Tensor:
-    """[n, V] logits of every position of one sequence (one prefill through a contiguous cache that stores
-    kv_cache_dtype: "auto", the model's dtype, or "int8")."""
-    from minillm.kv.cache import pool_dtype
-    from minillm.kv.contiguous import ContiguousKVCache
-    from minillm.layers.attention import TorchAttentionBackend
-    from minillm.models.llama import ForwardContext
-    cache = ContiguousKVCache(model.cfg, 1, len(ids), dtype=pool_dtype(kv_cache_dtype, model.dtype))
-    meta = cache.metadata([0], [0], [len(ids)])
-    h = model(torch.tensor(ids), torch.arange(len(ids)), ForwardContext(meta, cache, TorchAttentionBackend()))
-    return model.compute_logits(h)
 
 
 @dataclass
@@ -81,8 +49,6 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
                       kv_cache_dtype: str = "auto") -> list[QualityRow]:
     """One row per setting of `quantizations` (QUANTIZATIONS, int4-gptq, kv-int8); kv_cache_dtype: the KV cache of
     the rows that do not choose their own."""
-    from minillm.loading.loader import load_model
-    from minillm.quant.policy import describe
     rows: list[QualityRow] = []
     ref_top1: list[torch.Tensor] | None = None
     windows = None
@@ -95,7 +61,6 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
                             group_size=group_size)
         model = loaded.model
         if q == "int4-gptq":
-            from minillm.quant.gptq import gptq_quantize_model
             calib = eval_windows(loaded.tokenizer, calibration_windows, window, calibration=True)
             gptq_quantize_model(model, group_size, calib, progress=progress)
         if windows is None:

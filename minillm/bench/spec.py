@@ -27,7 +27,11 @@ from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
+from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
+from minillm.layers.attention import get_attention_backend
+from minillm.spec_decode.draft_model import ModelDraftProposer
+from minillm.spec_decode.decoder import check_same_vocabulary
+from minillm.loading.loader import load_model
 
 TASKS = ("rewrite", "code", "chat")
 PROPOSERS = ("ngram", "layer_skip", "draft_model")
@@ -169,8 +173,6 @@ def warm_up(engine: LLMEngine) -> None:
 
 
 def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int, draft, draft_layers: int) -> LLMEngine:
-    from minillm.layers.attention import get_attention_backend
-    from minillm.sampling.draft_model import ModelDraftProposer
     if proposer is None:
         return LLMEngine(loaded.model, loaded.tokenizer, config)
     spec = {"method": "ngram", "num_speculative_tokens": k}
@@ -209,8 +211,6 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
         raise ValueError("--k, --batch-sizes and --repeat take positive integers")
     draft = None
     if "draft_model" in bc.proposers:
-        from minillm.engine.speculation import check_same_vocabulary
-        from minillm.loading.loader import load_model
         d = load_model(bc.draft_model, loaded.model.dtype)
         check_same_vocabulary(loaded.config.vocab_size, loaded.tokenizer, d.config.vocab_size, d.tokenizer, str(d.path))
         draft = d.model

@@ -23,6 +23,7 @@ from minillm.sampling.params import SamplingParams
 from minillm.structured.automata import compile_regex
 from minillm.structured.params import StructuredOutputsParams
 from minillm.structured.token_index import VocabTrie, build_token_index, prune_unspellable
+from minillm.structured.matcher import StructuredOutputManager
 
 USER = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string", "format": "email"},
@@ -77,7 +78,6 @@ def build_times(tokenizer) -> dict:
 
 def mask_costs(index, vocab: int, rng: random.Random, rows: int = 8, reps: int = 200) -> dict:
     """Per-row masking cost over states met on a random walk through the index."""
-    from minillm.structured.matcher import StructuredOutputManager
     states, s = [], index.dfa.start
     for _ in range(64):
         states.append(s)

@@ -15,6 +15,8 @@ from minillm.bench.workload import Request
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.sampling.params import SamplingParams
+from minillm.loading.loader import load_model
+from minillm.loading.export import hf_config, hf_state
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -99,8 +101,6 @@ def load_hf_peer(loaded) -> torch.nn.Module:
     peer's speed is its model code's, wherever the numbers came from."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from minillm.loading.loader import load_model
-    from minillm.parallel.shard_util import hf_config, hf_state
     dtype = loaded.model.dtype
     if loaded.path.is_dir():
         return AutoModelForCausalLM.from_pretrained(loaded.path, dtype=dtype).eval()

@@ -1,9 +1,14 @@
 """LLMEngine: the step loop. add_request -> step() ... -> outputs; abort at any time.
 
-One step = (with speculation: draft guesses for the decoding sequences) -> schedule (the scheduler reserves KV
-slots) -> one forward pass over every scheduled token (copy-on-write block copies first) -> sample the sequences
-whose computed tokens reached their end (verify the guesses: speculation.py) -> append tokens, detokenize, check
-stops -> the scheduler commits what became real tokens -> free the finished -> tell the step observers.
+One step = schedule -> run -> sample -> commit -> finish:
+  the speculator drafts guesses for the decoding sequences (NoSpeculation: none) -> the scheduler picks the step's
+  tokens and reserves their KV slots -> the model runner runs one forward pass over them (copy-on-write block
+  copies first) -> the sampler draws for the sequences whose computed tokens reached their end (structured outputs
+  mask their rows first; rows of guesses are verified by the speculator's rejection sampler) -> tokens are appended,
+  detokenized and checked for stops -> the scheduler commits what became real tokens and frees the finished ->
+  the step observers hear about it.
+Features compose through objects that are always there (a speculator, a per-sequence matcher or None handled in
+the helpers), so the step itself reads the same with every feature on or off.
 """
 from __future__ import annotations
 
@@ -18,12 +23,12 @@ import torch
 
 from minillm import interfaces
 from minillm.config import EngineConfig
-from minillm.engine.model_runner import ModelRunner
+from minillm.worker.model_runner import ModelRunner
+from minillm.engine.inputs import prepare_inputs
 from minillm.engine.outputs import CompletionOutput, Logprob, RequestOutput, SeqSnapshot, StepInfo
-from minillm.engine.scheduler import Scheduler
+from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.engine.simple import eos_token_ids
-from minillm.engine.speculation import SpecDecoder, build_proposer, clear as clear_drafts
 from minillm.engine.stream import TextStream
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.cache import KVCache, pool_dtype
@@ -31,7 +36,10 @@ from minillm.layers.attention import get_attention_backend
 from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch, TokenLogprobs, make_generator
+from minillm.spec_decode.decoder import NoSpeculation, SpecDecoder
+from minillm.spec_decode.proposers import ProposerContext, build_proposer
 from minillm.structured.matcher import StructuredOutputManager
+from minillm.worker.model_runner import ModelRunner
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
@@ -50,7 +58,7 @@ def _token_id(t, position: int) -> int:
 
 
 class LLMEngine:
-    """`model` is the whole model, or rank 0's shard when `workers` (parallel/workers.py) run the other ranks: then
+    """`model` is the whole model, or rank 0's shard when `workers` (executor/workers.py) run the other ranks: then
     this engine schedules and samples for all of them and every step is broadcast to them first. The KV budget is
     per rank (each holds its KV heads' or its layers' slice of every block)."""
 
@@ -90,15 +98,19 @@ class LLMEngine:
         self._ids = itertools.count()
         self._observers: list[interfaces.StepObserver] = []
         self.num_steps = 0
-        self.spec: SpecDecoder | None = None      # speculative decoding, when config.speculative is set
+        self.spec: SpecDecoder | NoSpeculation = self._speculator(num_blocks)
+
+    def _speculator(self, num_blocks: int) -> SpecDecoder | NoSpeculation:
         spec = self.config.speculative
-        if spec is not None:
-            if spec.num_speculative_tokens + 1 > self.config.scheduler.max_num_batched_tokens:
-                raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} needs a step budget of at "
-                                 f"least {spec.num_speculative_tokens + 1} tokens (max_num_batched_tokens="
-                                 f"{self.config.scheduler.max_num_batched_tokens}): raise it or draft fewer tokens")
-            proposer = build_proposer(spec, model, tokenizer, num_blocks, cc.block_size, self.config.attention_backend)
-            self.spec = SpecDecoder(spec, proposer, cfg.vocab_size)
+        if spec is None:
+            return NoSpeculation()
+        if spec.num_speculative_tokens + 1 > self.config.scheduler.max_num_batched_tokens:
+            raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} needs a step budget of at "
+                             f"least {spec.num_speculative_tokens + 1} tokens (max_num_batched_tokens="
+                             f"{self.config.scheduler.max_num_batched_tokens}): raise it or draft fewer tokens")
+        ctx = ProposerContext(self.model, self.tokenizer, num_blocks, self.config.cache.block_size,
+                              get_attention_backend(self.config.attention_backend))
+        return SpecDecoder(spec, build_proposer(spec, ctx), self.model.cfg.vocab_size)
 
     @classmethod
     def from_model(cls, model: LlamaModel, tokenizer=None, **settings) -> "LLMEngine":
@@ -177,8 +189,7 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         """Stop a request and free all its blocks at once. Unknown ids are ignored."""
         for seq in self.scheduler.abort(str(request_id)):
-            if self.spec is not None:
-                self.spec.drop(seq)
+            self.spec.drop(seq)
         self.requests.pop(str(request_id), None)
 
     def has_unfinished_requests(self) -> bool:
@@ -187,27 +198,39 @@ class LLMEngine:
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        sch = self.scheduler
-        if self.spec is not None:
-            self.spec.propose(sch.running, self.max_model_len)
+        self.spec.propose(self.scheduler.running, self.max_model_len)
         before = self._queue_snapshot() if self._observers else None
-        sched = sch.schedule()
-        for seq in sched.preempted:
-            if self.spec is not None:            # its KV is gone: it comes back as a prompt, guesses redrawn
-                self.spec.drop(seq)
-            if seq.matcher is not None:          # its output stays; the automaton state is re-derived from it
-                seq.matcher.replay(seq.output_token_ids)
+        sched = self.scheduler.schedule()
+        self._resume_preempted(sched.preempted)
         if sched.is_empty:
-            if sch.running or sch.waiting:
+            if self.has_unfinished_requests():
                 raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next request")
             return []
         self.num_steps += 1
-        seqs, rows, logits = self.runner.execute(sched)
+        inputs, rows, seqs = prepare_inputs(sched)
+        logits = self.runner.execute(inputs)
         now = time.perf_counter()
-        for seq, _ in sched.scheduled:
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = now
+        self._mark_scheduled(sched, now)
         emitted, children, verified = self._sample(seqs, rows, logits)
+        appended, deltas = self._commit(sched, emitted, children, verified, now)
+        outputs = [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in appended)]
+        if before is not None:
+            self._notify(StepInfo(self.num_steps, sched, *before, time.perf_counter() - t0, outputs))
+        return outputs
+
+    def _resume_preempted(self, preempted: list[Sequence]) -> None:
+        """A preempted sequence's KV is gone: it comes back as a prompt, guesses redrawn, and its automaton state is
+        re-derived from the output it keeps."""
+        for seq in preempted:
+            self.spec.drop(seq)
+            if seq.matcher is not None:
+                seq.matcher.replay(seq.output_token_ids)
+
+    def _commit(self, sched: SchedulerOutput, emitted: dict[Sequence, tuple[list[int], list]],
+                children: list[tuple[Sequence, Sequence]], verified: set[Sequence], now: float
+                ) -> tuple[dict[Sequence, list[int]], dict[int, tuple[str, list[int]]]]:
+        """Append the step's tokens, commit what became real to the scheduler, fork n > 1 children, finish."""
+        sch = self.scheduler
         appended: dict[Sequence, list[int]] = {}
         deltas: dict[int, tuple[str, list[int]]] = {}
         for seq, (toks, lps) in emitted.items():
@@ -223,20 +246,18 @@ class LLMEngine:
         for seq in appended:
             if seq.text.finished:
                 sch.finish(seq)
-            if self.spec is not None:
-                if seq.text.finished:
-                    self.spec.drop(seq)
-                elif seq in verified or seq.spec_token_ids:   # guesses left unverified (a one-token budget): none kept
-                    self.spec.proposer.verified(seq, len(appended[seq]) - 1)
-        if self.spec is not None:
-            for seq, _ in sched.scheduled:       # guesses not verified (a short budget) are stale now
-                clear_drafts(seq)
-        outputs = [self._output(rid, deltas) for rid in dict.fromkeys(s.request_id for s in appended)]
-        if before is not None:
-            info = StepInfo(self.num_steps, sched, *before, time.perf_counter() - t0, outputs)
-            for fn in list(self._observers):
-                fn(info)
-        return outputs
+        self.spec.after_step(appended, verified, sched.scheduled)
+        return appended, deltas
+
+    @staticmethod
+    def _mark_scheduled(sched: SchedulerOutput, now: float) -> None:
+        for seq, _ in sched.scheduled:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = now
+
+    def _notify(self, info: StepInfo) -> None:
+        for fn in list(self._observers):
+            fn(info)
 
     def _sample(self, seqs: list[Sequence], rows: list[list[int]], logits: torch.Tensor):
         """Tokens for every sequence that reached its end this step: {seq: (tokens, logprobs)}, the n > 1 children
@@ -267,10 +288,9 @@ class LLMEngine:
             for s, t, lp in zip(plain, out.token_ids, out.logprobs):
                 emitted[s] = ([int(t)], [lp])
         verified = set()
-        if spec_items:
-            for seq, (toks, lps, _) in self.spec.verify(spec_items, logits, self.sampler).items():
-                emitted[seq] = (toks, lps)
-                verified.add(seq)
+        for seq, (toks, lps, _) in self.spec.verify(spec_items, logits, self.sampler).items():
+            emitted[seq] = (toks, lps)
+            verified.add(seq)
         return emitted, children, verified
 
     def _mask_constrained(self, plain: list[Sequence], plain_rows: list[int],
@@ -285,7 +305,7 @@ class LLMEngine:
                 items.append((seq.matcher.index, seq.matcher.state))
         for seq, rs in spec_items:
             if seq.matcher is not None:
-                states = seq.matcher.walk(seq.spec_token_ids[:len(rs) - 1])
+                states = seq.matcher.walk(seq.spec.token_ids[:len(rs) - 1])
                 rows += rs[:len(states)]
                 items += [(seq.matcher.index, s) for s in states]
         self.structured.apply_masks(logits, rows, items)
@@ -400,7 +420,7 @@ class LLMEngine:
         for fn, what in ((regex_compiler, "regex_compiler"), (token_index_builder, "token_index_builder")):
             if fn is not None and not callable(fn):
                 raise TypeError(f"plug({what}=...) must be a function, got {type(fn).__name__}")
-        if (rejection_sampler is not None or proposer is not None) and self.spec is None:
+        if (rejection_sampler is not None or proposer is not None) and not isinstance(self.spec, SpecDecoder):
             raise ValueError("plug(rejection_sampler=/proposer=) needs an engine with speculative decoding on: build "
                              "it with speculative_config={'method': 'ngram', 'num_speculative_tokens': 4} (the k "
                              "to draft), then plug your piece")

@@ -12,7 +12,8 @@ import torch
 
 from minillm.engine.stream import TextStream
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.speculative import SpecStats
+from minillm.spec_decode.draft import SpecState, SpecStats
+from minillm.structured.matcher import Matcher
 
 _seq_ids = itertools.count()
 
@@ -75,13 +76,10 @@ class Sequence:
         self.num_computed_tokens = 0
         self.metrics = RequestMetrics(arrival_time if arrival_time is not None else time.perf_counter())
         self.pending_forks = params.n - 1 if index == 0 else 0
-        # speculative decoding: the tokens guessed for the next positions, verified in the next step, and the
-        # distributions they were drawn from ([k, V]; None: chosen deterministically)
-        self.spec_token_ids: list[int] = []
-        self.spec_probs: torch.Tensor | None = None
+        self.spec = SpecState()            # speculative decoding: the guesses verified in the next step
         self.logprobs: list[dict] = []     # per output token {token id: Logprob}, when params.logprobs is set
         self.cumulative_logprob = 0.0
-        self.matcher = None                # structured outputs: the automaton state (structured.matcher.Matcher)
+        self.matcher: Matcher | None = None   # structured outputs: the automaton state (None: unconstrained)
 
     @property
     def num_tokens(self) -> int:
@@ -102,12 +100,12 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         """Positions still to compute: the tokens not in the KV cache yet, plus any speculative guesses after them."""
-        return self.num_tokens - self.num_computed_tokens + len(self.spec_token_ids)
+        return self.num_tokens - self.num_computed_tokens + len(self.spec.token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:
         """The tokens a forward pass reads: token_ids, then the speculative guesses."""
-        return self.token_ids + self.spec_token_ids if self.spec_token_ids else self.token_ids
+        return self.token_ids + self.spec.token_ids if self.spec.token_ids else self.token_ids
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, req={self.request_id!r}, {self.status.value}, "

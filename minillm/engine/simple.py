@@ -14,6 +14,7 @@ from minillm.layers.attention import TorchAttentionBackend
 from minillm.models.llama import ForwardContext, LlamaModel
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch, make_generator
+from minillm.engine.stream import TextStream
 
 
 def eos_token_ids(tokenizer, cfg) -> set[int]:
@@ -87,7 +88,6 @@ class SimpleGenerator:
             self.last_timing["decode_steps"] = steps
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[StreamEvent]:
-        from minillm.engine.stream import TextStream
         ts = TextStream(self.tokenizer, params, self.eos_ids)
         for tok in self.stream_ids(prompt_ids, params):
             delta = ts.add(tok)

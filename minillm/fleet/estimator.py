@@ -24,7 +24,7 @@ It counts what a step must do and divides by what the hardware offers, nothing m
   prompt + output per stream (the no-preemption ceiling).
 
 Efficiencies are assumptions to calibrate with a load test (`Efficiency`); specs are datasheet peaks
-(minillm.models.catalog.KNOWN_HARDWARE). No queueing: TTFT is an idle replica's prefill time.
+(minillm.catalog.KNOWN_HARDWARE). No queueing: TTFT is an idle replica's prefill time.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, replace
 
 from minillm.config import ModelConfig
-from minillm.models.catalog import Hardware, hardware_spec, model_shape, param_groups
+from minillm.catalog import Hardware, hardware_spec, model_shape, param_groups
 from minillm.quant.memory import WeightFormat, checkpoint_bytes, weight_format
 
 GB = 1e9

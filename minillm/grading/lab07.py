@@ -7,11 +7,11 @@ Tasks (the notebook documents the same signatures; minillm's own versions and th
            or None (torch's global one). Accept draft x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first
            rejection emit a token drawn from normalize(max(p_j - q_j, 0)) and stop; when all k are accepted emit a
            bonus token drawn from p_{k+1}. Returns the accepted drafts followed by one token (1 to k + 1 ints).
-                      [sampling.rejection_sampler.RejectionSampler; the RejectionRule seam: RejectionSampler(rule=)]
+                      [spec_decode.rejection_sampler.RejectionSampler; the RejectionRule seam: RejectionSampler(rule=)]
   lab07_2  find_ngram_draft(token_ids, k, min_n, max_n) -> list[int]: prompt lookup. For n = max_n down to min_n,
            the LATEST earlier occurrence of the sequence's last n tokens (it must end before the last token); the
            up to k tokens that followed it. [] when no suffix of min_n..max_n tokens reappears.
-                             [sampling.ngram.find_ngram_draft; the NgramLookup seam: NgramProposer(lookup=...)]
+                             [spec_decode.ngram.find_ngram_draft; the NgramLookup seam: NgramProposer(lookup=...)]
 Both plug into the engine: engine.plug(proposer=NgramProposer(lookup=...), rejection_sampler=RejectionSampler(rule=))
 on an engine built with speculative_config={"method": "ngram", "num_speculative_tokens": k}.
 
@@ -587,10 +587,10 @@ def verify_lab07_2(find_ngram_draft) -> None:
 
 TASKS = {t.id: t for t in (
     Task("lab07_1", what="rule", verify=verify_lab07_1,
-         engine=minillm_objects("minillm.sampling.rejection_sampler:RejectionSampler"),
+         engine=minillm_objects("minillm.spec_decode.rejection_sampler:RejectionSampler"),
          oracles=lambda: [single_step]),
     Task("lab07_2", what="find_ngram_draft", verify=verify_lab07_2,
-         engine=minillm_objects("minillm.sampling.ngram:find_ngram_draft"),
+         engine=minillm_objects("minillm.spec_decode.ngram:find_ngram_draft"),
          oracles=lambda: [reference_find_ngram_draft]),
 )}
 

@@ -1,7 +1,7 @@
 """Checkers for lab09 — tensor parallelism.
 
 Tasks (the notebook documents the same signatures; minillm's own versions are the methods of
-minillm.parallel.layers.MegatronRules, the engine's TensorParallelRules seam: LlamaModel(rules=), LLM(tp_rules=)):
+minillm.layers.linear.MegatronRules, the engine's TensorParallelRules seam: LlamaModel(rules=), LLM(tp_rules=)):
   lab09_1  column_rows(num_units, unit_size, rank, world_size) -> range: the rows of one column-parallel part
            (num_units units of unit_size rows: query heads, KV heads, or the single columns of gate / up) that
            `rank` holds. When num_units % world_size == 0 the units split into contiguous blocks in rank order; when
@@ -39,7 +39,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import (GradingError, Hint, Task, as_float, check, class_answer, diagnose, fail, function_answer,
                                   minillm_objects, run_property, seal)
-from minillm.parallel.comm import Communicator, connect
+from minillm.distributed.comm import Communicator, connect
 
 __all__ = ["check_lab09_1", "check_lab09_2", "check_lab09_3", "check_lab09_4", "TASKS", "column_rows_ref",
            "row_cols_ref", "CommBytesRef", "gqa_attention"]
@@ -748,13 +748,13 @@ _BYTES = ("tp_bytes_per_token", "pp_bytes_per_token")
 
 TASKS = {t.id: t for t in (
     Task("lab09_1", what="column_rows", verify=verify_lab09_1,
-         engine=minillm_objects("minillm.parallel.layers:MegatronRules.column_rows"),
+         engine=minillm_objects("minillm.layers.linear:MegatronRules.column_rows"),
          oracles=lambda: [column_rows_ref], form=function_answer("column_rows")),
     Task("lab09_2", what="row_cols", verify=verify_lab09_2,
-         engine=minillm_objects("minillm.parallel.layers:MegatronRules.row_cols"),
+         engine=minillm_objects("minillm.layers.linear:MegatronRules.row_cols"),
          oracles=lambda: [row_cols_ref], form=function_answer("row_cols")),
     Task("lab09_3", what="MyRules", kind="class", methods=_FORWARDS, verify=verify_lab09_3,
-         engine=minillm_objects("minillm.parallel.layers:MegatronRules"),
+         engine=minillm_objects("minillm.layers.linear:MegatronRules"),
          form=class_answer("MyRules", _FORWARDS, own=_FORWARDS)),
     Task("lab09_4", what="CommBytes", kind="class", methods=_BYTES, verify=verify_lab09_4,
          # minillm's own formula (the bench's, a function of a config) is listed with the oracles: the answer is a

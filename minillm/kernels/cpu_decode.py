@@ -1,7 +1,8 @@
 """Decode steps of a quantized model in one C call (csrc/decode_step.c), instead of ~12 Python ops per layer.
 
-`try_forward(model, input_ids, positions, ctx)` returns the final hidden states, or None when the fused step does
-not apply and the layers must run — it applies only where it computes exactly what they would:
+The model runner (worker/model_runner.py) chooses it from the batch; the model hands over its weights as a typed
+DecodeWeights (LlamaModel.decode_step_weights). `run(...)` returns the final hidden states, or None when the fused
+step does not apply and the layers must run — it applies only where it computes exactly what they would:
 
 - every row is a decode token (query length 1). Below cpu_qgemm.BATCHED_MIN_ROWS rows the matmuls run the integer
   kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the int16 GEMM
@@ -13,8 +14,9 @@ not apply and the layers must run — it applies only where it computes exactly 
 - the attention backend is the C CPU backend without a learner's attend function, the C kernel takes the head
   shape, and the KV pool is a contiguous float32 pool.
 
-MINILLM_DECODE_STEP=layers switches it off (A/B runs; the layers are the reference the tests compare against), as
-do MINILLM_QGEMM=torch|scalar (the layers then run another matmul than the step's).
+decode_step="layers" (config.KernelConfig; MINILLM_DECODE_STEP) switches it off (A/B runs; the layers are the
+reference the tests compare against), as do qgemm="torch"|"scalar" (the layers then run another matmul than the
+step's).
 
 Why batched decode steps too: at 48 rows a step's ~12 torch ops per layer (norms, RoPE, SiLU, KV writes, each
 60-160 us at that size between the int16 matmuls' parallel regions) and the Python around them cost ~60 of its
@@ -24,13 +26,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
+from minillm import config
 from minillm.kernels import cpu_native, cpu_qgemm
 from minillm.quant.formats import QuantizedWeight
 
@@ -64,10 +67,7 @@ class _Dims(ctypes.Structure):
 
 
 def enabled() -> bool:
-    m = os.environ.get("MINILLM_DECODE_STEP", "fused").lower()
-    if m not in ("fused", "layers"):
-        raise ValueError(f"MINILLM_DECODE_STEP={m!r}: use fused (one C call per decode step) or layers")
-    return m == "fused"
+    return config.kernels().decode_step == "fused"
 
 
 @functools.cache
@@ -85,8 +85,34 @@ def load() -> ctypes.CDLL | None:
 _DTYPES = {"int8": (torch.int8, 0), "int4": (torch.uint8, 1)}
 
 
-def _qlinear(module) -> _QLinear | None:
-    qw = getattr(module, "quant", None)
+@dataclass(frozen=True, eq=False)   # identity: a plan is cached per object
+class LayerWeights:
+    """One decoder layer as the fused step reads it: two RMSNorm weights and four weight-only quantized matrices."""
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: QuantizedWeight
+    o: QuantizedWeight
+    gate_up: QuantizedWeight
+    down: QuantizedWeight
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeWeights:
+    """Everything the fused step needs from a model (LlamaModel.decode_step_weights builds it): its layers, the final
+    norm, the shapes, and the quantized embedding when the step should look tokens up itself (None: torch does)."""
+    layers: tuple[LayerWeights, ...]
+    final_norm: torch.Tensor
+    eps: float
+    hidden: int
+    intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    embed: QuantizedWeight | None
+
+
+def _qlinear(qw: object) -> _QLinear | None:
     if not isinstance(qw, QuantizedWeight) or qw.kind not in _DTYPES or qw.act is not None:
         return None     # W8A8 layers quantize activations per token: not the weight-only kernel's math
     dtype, kind = _DTYPES[qw.kind]
@@ -104,102 +130,48 @@ def _qlinear(module) -> _QLinear | None:
 
 @dataclass
 class _Plan:
-    """The C view of a model's layers, and what it was built from: `valid()` says, cheaply, whether the model still
-    holds exactly that (the same module objects, no hooks, the same quantized weights and norm storage)."""
+    """The C view of a DecodeWeights (kept as long as the weights object lives)."""
     layers: ctypes.Array
     dims: _Dims
-    final_norm: torch.Tensor
-    embed: _QLinear | None        # the quantized embedding the step looks tokens up in (None: torch does it)
-    embed_ref: object             # the QuantizedWeight behind `embed` (or None)
-    children: list                # (module dict, key, module) the plan was built from
-    hook_dicts: list              # the forward (pre-)hook dicts of those modules: all empty
-    quants: list                  # (layer, QuantizedWeight) pairs: qkv, o, gate_up, down of each layer in turn
-    norms: list                   # (Parameter, data_ptr, dtype) of the norms
+    embed: _QLinear | None
     packed16: ctypes.Array | None = None   # the int16 copies' C view, made on the first batched step
     packs: list | None = None              # the PackedInt16 objects behind it (kept alive with the plan)
 
-    def valid(self, model) -> bool:
-        # ~270 modules checked every step: plain dict lookups and identity tests, no nn.Module.__getattr__ (the
-        # step runs with caches cold from streaming the weights, where the first version of this took ~0.5 ms)
-        return (all(d.get(k) is m for d, k, m in self.children) and not any(self.hook_dicts)
-                and all(layer.__dict__.get("quant") is q for layer, q in self.quants)
-                and all(p.data_ptr() == ptr and p.dtype == dt for p, ptr, dt in self.norms)
-                and _embed_quant(model) is self.embed_ref)
+
+_plans: "weakref.WeakKeyDictionary[DecodeWeights, _Plan | None]" = weakref.WeakKeyDictionary()
 
 
-_plans: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDictionary()
-
-_NAMES = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
-
-
-def _modules(model) -> list | None:
-    """The modules the fused step replaces, or None if any is not exactly minillm's own class, or hooked."""
-    from minillm.layers.norm import RMSNorm
-    from minillm.models.llama import MLP, Attention, DecoderLayer
-    from minillm.parallel.layers import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-    out = []
-    for layer in model.layers._modules.values():
-        sub = layer._modules
-        a, m = sub["self_attn"], sub["mlp"]
-        mods = (layer, a, m, sub["input_layernorm"], a._modules["qkv_proj"], a._modules["o_proj"],
-                sub["post_attention_layernorm"], m._modules["gate_up_proj"], m._modules["down_proj"])
-        kinds = (DecoderLayer, Attention, MLP, RMSNorm, QKVParallelLinear, RowParallelLinear, RMSNorm,
-                 MergedColumnParallelLinear, RowParallelLinear)
-        for x, t in zip(mods, kinds):
-            if type(x) is not t or x._forward_hooks or x._forward_pre_hooks:
-                return None
-        out.append(mods)
-    return out
+def supports(weights: DecodeWeights) -> bool:
+    """Whether the step can run these weights: all four matmuls of every layer weight-only int8/int4 in the
+    kernel's layout, float32 contiguous norms of one eps."""
+    return _plan(weights) is not None
 
 
-def _embed_quant(model):
-    e = model._modules.get("embed_tokens")
-    return None if e is None else e.__dict__.get("quant")
-
-
-def _build(model) -> _Plan | None:
-    from minillm.layers.norm import RMSNorm
-    mods = _modules(model)
-    norm = model._modules.get("norm")
-    if mods is None or type(norm) is not RMSNorm:
-        return None
-    layers = (_Layer * len(mods))()
-    for i, (_, attn, _, n1, qkv, o, n2, gu, d) in enumerate(mods):
-        ql = [_qlinear(x) for x in (qkv, o, gu, d)]
-        norms = (n1.weight, n2.weight)
-        if any(q is None for q in ql) or any(w.dtype != torch.float32 or not w.is_contiguous() for w in norms):
+def _build(w: DecodeWeights) -> _Plan | None:
+    layers = (_Layer * len(w.layers))()
+    for i, lw in enumerate(w.layers):
+        ql = [_qlinear(x) for x in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        norms = (lw.input_norm, lw.post_norm)
+        if any(q is None for q in ql) or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms):
             return None
-        layers[i] = _Layer(n1.weight.data_ptr(), n2.weight.data_ptr(), *ql)
-    if norm.weight.dtype != torch.float32 or any(n.eps != norm.eps for (_, _, _, n1, _, _, n2, _, _) in mods
-                                                 for n in (n1, n2)):
+        layers[i] = _Layer(lw.input_norm.data_ptr(), lw.post_norm.data_ptr(), *ql)
+    if w.final_norm.dtype != torch.float32:
         return None
-    cfg, a0 = model.cfg, mods[0][1]
-    dims = _Dims(cfg.hidden_size, cfg.intermediate_size, a0.num_heads, a0.num_kv_heads, a0.head_dim, norm.eps,
-                 a0.scale)
-    embed_ref = _embed_quant(model)
-    embed = _qlinear(model.embed_tokens) if embed_ref is not None and model.embed_tokens.tp_size == 1 else None
-    children = [(model._modules, "layers", model.layers), (model._modules, "norm", norm),
-                (model._modules, "embed_tokens", model.embed_tokens)]
-    children += [(model.layers._modules, k, v) for k, v in model.layers._modules.items()]
-    for mod in mods:
-        layer, attn, mlp = mod[:3]
-        children += [(layer._modules, k, layer._modules[k]) for k in _NAMES]
-        children += [(attn._modules, k, attn._modules[k]) for k in ("qkv_proj", "o_proj")]
-        children += [(mlp._modules, k, mlp._modules[k]) for k in ("gate_up_proj", "down_proj")]
-    hooked = [m for mod in mods for m in mod] + [norm]
-    hook_dicts = [d for m in hooked for d in (m._forward_hooks, m._forward_pre_hooks)]
-    quants = [(m, m.quant) for mod in mods for m in (mod[4], mod[5], mod[7], mod[8])]
-    norms = [(p, p.data_ptr(), p.dtype) for mod in mods for p in (mod[3].weight, mod[6].weight)]
-    norms.append((norm.weight, norm.weight.data_ptr(), norm.weight.dtype))
-    return _Plan(layers, dims, norm.weight, embed, embed_ref if embed is not None else None, children, hook_dicts,
-                 quants, norms)
+    dims = _Dims(w.hidden, w.intermediate, w.num_heads, w.num_kv_heads, w.head_dim, w.eps, w.scale)
+    return _Plan(layers, dims, _qlinear(w.embed) if w.embed is not None else None)
 
 
-def _packed16(plan: _Plan) -> ctypes.Array:
+def _plan(w: DecodeWeights) -> _Plan | None:
+    if w not in _plans:
+        _plans[w] = _build(w)
+    return _plans[w]
+
+
+def _packed16(w: DecodeWeights, plan: _Plan) -> ctypes.Array:
     """The int16 copies of the plan's matmuls (made now where the layers have not made them yet). Every input width
     is even, as the int16 kernel needs: _qlinear took only widths that are a multiple of the group (of 32)."""
     if plan.packed16 is None:
-        packs = [cpu_qgemm.int16_copy(q) for _, q in plan.quants]
+        packs = [cpu_qgemm.int16_copy(q) for lw in w.layers for q in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         arr = (_Layer16 * (len(packs) // 4))()
         for i in range(len(arr)):
             arr[i] = _Layer16(*(_I16(p.tiles.data_ptr(), p.scales.data_ptr(), p.scales.shape[1])
@@ -208,42 +180,21 @@ def _packed16(plan: _Plan) -> ctypes.Array:
     return plan.packed16
 
 
-def _plan(model) -> _Plan | None:
-    cached = _plans.get(model)
-    if cached is not None and cached.valid(model):
-        return cached
-    plan = _build(model)
-    if plan is not None:
-        _plans[model] = plan
-    else:
-        _plans.pop(model, None)
-    return plan
-
-
-def _mode(model, input_ids: torch.Tensor, ctx) -> str | None:
-    """The matmul kernel the step would run, the one the layers would ("qgemm" or "int16"), or None: not this step."""
-    from minillm.layers.attention import CpuAttentionBackend
-    meta, cache = ctx.meta, ctx.cache
-    n = input_ids.numel()
-    k, v = cache.k, cache.v
-    if not (0 < n and meta.num_seqs == n and all(q == 1 for q in meta.query_lens)
-            and model.comm.world_size == 1 and model.is_first and model.is_last
-            and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
-            and k.dtype == torch.float32 and v.dtype == torch.float32 and k.device.type == "cpu"
-            and k.is_contiguous() and v.is_contiguous() and k.shape[0] == len(model.layers._modules)
-            and cpu_qgemm.mode() == "c"):
+def matmul_kernel(w: DecodeWeights, num_rows: int) -> str | None:
+    """The matmul kernel a fused step of `num_rows` decode rows runs, the one the layers would ("qgemm" or
+    "int16"), or None: the layers run (the step is off, another matmul path is chosen, or no compiler)."""
+    if not enabled() or cpu_qgemm.mode() != "c" or load() is None:
         return None
     attn = cpu_native.load()
-    a0 = model.layers._modules["0"]._modules["self_attn"]
-    if attn is None or not _supports(attn, a0.num_heads // a0.num_kv_heads, a0.head_dim):
+    if attn is None or not _supports(attn, w.num_heads // w.num_kv_heads, w.head_dim):
         return None
-    if n < cpu_qgemm.BATCHED_MIN_ROWS:
+    if num_rows < cpu_qgemm.BATCHED_MIN_ROWS:
         return "qgemm"
     return "int16" if cpu_qgemm.batched_path() == "int16" else None
 
 
 @functools.lru_cache(maxsize=None)
-def _supports(attn, group: int, head_dim: int) -> bool:
+def _supports(attn: ctypes.CDLL, group: int, head_dim: int) -> bool:
     return bool(attn.minillm_paged_decode_supports(group, head_dim))
 
 
@@ -253,36 +204,35 @@ _ERRORS = {-2: (IndexError, "slot_mapping has a slot outside the KV pool's {slot
            -5: (IndexError, "a token id is outside the vocabulary (0..{vocab})")}
 
 
-def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor | None:
-    """The normed final hidden states [T, hidden] of a decode step, or None (run the layers) where it does not
-    apply. Also fills ctx.cos / ctx.sin as the layers would."""
-    mode = _mode(model, input_ids, ctx) if enabled() and input_ids.device.type == "cpu" else None
-    if mode is None:
-        return None
-    lib = load()
-    plan = _plan(model) if lib is not None else None
+def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor,
+        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: list[int],
+        block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int, vocab_size: int
+        ) -> torch.Tensor | None:
+    """The normed final hidden states [T, hidden] of a decode step (every row one decode token), or None where the
+    step does not apply (the caller runs the layers). `embed_tokens` embeds the ids where the step cannot look them
+    up itself (w.embed None or not in a format it reads). k_cache / v_cache: the float32 contiguous pool; the rest
+    is the step's attention metadata (kv/metadata.py)."""
+    kernel = matmul_kernel(w, input_ids.numel())
+    plan = _plan(w) if kernel is not None else None
     if plan is None:
         return None
-    packed = _packed16(plan) if mode == "int16" else None
-    meta, cache = ctx.meta, ctx.cache
-    num_slots = cache.k.shape[2]
-    lens = torch.tensor(meta.seq_lens, dtype=torch.int64)
-    tables = meta.block_tables.to(torch.int64).contiguous()
-    slots = meta.slot_mapping.to(torch.int64).contiguous()
+    lib = load()
+    packed = _packed16(w, plan) if kernel == "int16" else None
+    num_slots = k_cache.shape[2]
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    tables = block_tables.to(torch.int64).contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
     ids = input_ids.to(torch.int64).contiguous()
-    ctx.cos, ctx.sin = model.rotary.cos_sin(positions, meta.query_lens, meta.seq_lens)
-    cos, sin = ctx.cos.float().contiguous(), ctx.sin.float().contiguous()
-    if plan.embed is not None:    # the step dequantizes the token rows itself
-        x = torch.empty(ids.numel(), plan.dims.hidden)
-    else:
-        x = model.embed_tokens(input_ids).float().contiguous().clone()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    x = (torch.empty(ids.numel(), w.hidden) if plan.embed is not None
+         else embed_tokens(input_ids).float().contiguous().clone())
     rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
                                  ctypes.byref(plan.embed) if plan.embed is not None else None,
                                  ctypes.addressof(plan.layers), None if packed is None else ctypes.addressof(packed),
                                  len(plan.layers), ctypes.byref(plan.dims),
-                                 plan.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                 cache.k.data_ptr(), cache.v.data_ptr(), num_slots, slots.data_ptr(),
-                                 tables.data_ptr(), tables.shape[1], lens.data_ptr(), meta.block_size,
+                                 w.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                 k_cache.data_ptr(), v_cache.data_ptr(), num_slots, slots.data_ptr(),
+                                 tables.data_ptr(), tables.shape[1], lens.data_ptr(), block_size,
                                  torch.get_num_threads())
     if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
@@ -290,8 +240,8 @@ def try_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, ctx) ->
         return None
     if rc in _ERRORS:
         err, text = _ERRORS[rc]
-        raise err(text.format(slots=num_slots, width=tables.shape[1] * meta.block_size, lens=meta.seq_lens,
-                              blocks=num_slots // meta.block_size, vocab=model.cfg.vocab_size - 1)
+        raise err(text.format(slots=num_slots, width=tables.shape[1] * block_size, lens=seq_lens,
+                              blocks=num_slots // block_size, vocab=vocab_size - 1)
                   + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
     global FUSED_STEPS, FUSED_INT16_STEPS
     FUSED_STEPS += 1

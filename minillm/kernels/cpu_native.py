@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from minillm import config
+
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
 
@@ -34,9 +36,7 @@ _ARGTYPES_INT8 = [*_ARGTYPES[:7], _P, _P, *_ARGTYPES[7:]]     # k, v int8, then 
 
 
 def cache_dir() -> Path:
-    if os.environ.get("MINILLM_CACHE_DIR"):
-        return Path(os.environ["MINILLM_CACHE_DIR"]) / "kernels"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minillm" / "kernels"
+    return config.cache_root() / "kernels"
 
 
 def _cpu_signature() -> str:
@@ -62,7 +62,7 @@ def build(compiler: str | None = None, out_dir: Path | None = None, source: Path
           extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile C files beside this module (the attention kernel by default; several files link into one library)
     into a shared library, or reuse the cached build. Raises RuntimeError with the compiler's message."""
-    cc = compiler or os.environ.get("CC") or "cc"
+    cc = compiler or config.c_compiler()
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler {cc!r} on PATH (install gcc, or set CC)")
     sources = (source,) if isinstance(source, Path) else tuple(source)
@@ -92,7 +92,7 @@ def build(compiler: str | None = None, out_dir: Path | None = None, source: Path
 def load(variant: str = "native") -> ctypes.CDLL | None:
     """The compiled kernel, or None (numba kernel instead) when it is switched off or cannot be built.
     variant "portable": the int8 loads through gcc's generic vector code instead of AVX2 intrinsics (for tests)."""
-    if os.environ.get("MINILLM_CPU_KERNEL", "").lower() == "numba":
+    if config.kernels().cpu_attention_kernel == "numba":
         return None
     lib = open_library(SOURCE, "C PagedAttention kernel", "using the numba kernel",
                        ("-DMINILLM_PAGED_DECODE_PORTABLE",) if variant == "portable" else ())

@@ -15,15 +15,17 @@ weighted sum of V rows (V pass). numba compiles it to native code with a paralle
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import torch
 
+from minillm import config
+from minillm.kernels import cpu_native
+
 try:
     # numba's own OpenMP/TBB layers would start a second thread runtime beside torch's; its work queue
     # is enough for one caller at a time (the model runner).
-    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+    config.prefer_numba_workqueue()
     import numba
     from numba import prange
 except ImportError:  # optional: without it the torch reference path runs
@@ -31,7 +33,6 @@ except ImportError:  # optional: without it the torch reference path runs
 
 
 def cpu_kernel_available() -> bool:
-    from minillm.kernels import cpu_native
     return numba is not None or cpu_native.load() is not None
 
 
@@ -104,7 +105,6 @@ def paged_attention_decode_cpu(q: torch.Tensor, k_slots: torch.Tensor, v_slots: 
     reads it. The numba build stays float32-only on purpose: it is the fallback for machines without a C compiler,
     an int8 variant would add a multi-second JIT compile to every such process, and there the engine's torch path
     (gather + dequantize) reads an int8 pool anyway (CpuAttentionBackend falls back to it)."""
-    from minillm.kernels import cpu_native
     quantized = k_slots.dtype == torch.int8
     if q.dtype != torch.float32 or not (k_slots.dtype == torch.float32 or quantized) or v_slots.dtype != k_slots.dtype:
         raise TypeError(f"the CPU kernel runs in float32 over a float32 or int8 pool (got q {q.dtype}, "

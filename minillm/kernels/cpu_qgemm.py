@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from minillm import config
 from minillm.kernels import cpu_native
 from minillm.kernels import cpu_w8a8
 from minillm.kernels import cpu_int16
@@ -38,11 +38,8 @@ _ARGTYPES = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _I, _P, _I, ctypes.c_
 
 
 def mode() -> str:
-    """MINILLM_QGEMM: c (default) | scalar (the kernel built without SIMD) | torch (the reference only)."""
-    m = os.environ.get("MINILLM_QGEMM", "c").lower()
-    if m not in ("c", "scalar", "torch"):
-        raise ValueError(f"MINILLM_QGEMM={m!r}: use c, scalar or torch")
-    return m
+    """The qgemm setting (config.KernelConfig): c | scalar (the kernel built without SIMD) | torch (the reference)."""
+    return config.kernels().qgemm
 
 
 @functools.cache
@@ -91,7 +88,7 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 #            only +0.1 % (15.618 -> 15.633, 8 held-out windows of 256 tokens, auto).
 #   float    a float32 copy made once (exact weight-only math; 4 bytes per weight)
 #   w8a8     the weight requantized once to int8 per output channel (times the layer's SmoothQuant factors when
-#            load_model calibrated it: quant/smooth.py) and run as W8A8 (FBGEMM, cpu_w8a8.py). Not the default: on
+#            load_model calibrated it: calibration/smoothquant.py) and run as W8A8 (FBGEMM, cpu_w8a8.py). Not the default: on
 #            this AVX2 machine FBGEMM's int8 GEMM is only ~1.3x the float32 one at 2048 rows and quantizing the
 #            activations per token eats that (a 2048-token prefill: 5.16 s vs 4.98 s float32), while 7-bit
 #            activations cost SmolLM2 +2.6 % perplexity even smoothed (+13 % without). Machines with VNNI/AMX int8
@@ -140,12 +137,10 @@ _exact = threading.local()
 
 
 def batched_path() -> str:
-    """MINILLM_QGEMM_BATCHED when set, else BATCHED_PATH; dequant inside exact_batched()."""
+    """The qgemm_batched setting (config.KernelConfig, default BATCHED_PATH); dequant inside exact_batched()."""
     if getattr(_exact, "on", False):
         return "dequant"
-    p = os.environ.get("MINILLM_QGEMM_BATCHED", BATCHED_PATH).lower()
-    if p not in BATCHED_PATHS:
-        raise ValueError(f"MINILLM_QGEMM_BATCHED={p!r}: use one of {', '.join(BATCHED_PATHS)}")
+    p = config.kernels().qgemm_batched
     if p == "int16" and not cpu_int16.available():
         return "fp16"
     return p

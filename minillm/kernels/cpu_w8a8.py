@@ -19,11 +19,11 @@ MINILLM_W8A8=fbgemm|float|int_mm picks one (tests, A/B runs); the default is the
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import torch
 
+from minillm import config
 from minillm.quant.formats import W8A8_LEVELS, QuantizedWeight, quantize_per_token
 
 IMPLS = ("fbgemm", "float", "int_mm")
@@ -60,11 +60,10 @@ def fbgemm_available() -> bool:
 
 
 def impl() -> str:
-    """The implementation that runs: MINILLM_W8A8 when set, else fbgemm where it works, else float."""
-    m = os.environ.get("MINILLM_W8A8", "").lower()
-    if m and m not in IMPLS:
-        raise ValueError(f"MINILLM_W8A8={m!r}: use one of {', '.join(IMPLS)} (or leave it unset)")
-    return m or ("fbgemm" if fbgemm_available() else "float")
+    """The implementation that runs: the w8a8_kernel setting (config.KernelConfig), auto: fbgemm where it works,
+    else float."""
+    m = config.kernels().w8a8_kernel
+    return ("fbgemm" if fbgemm_available() else "float") if m == "auto" else m
 
 
 def w8a8_linear(x: torch.Tensor, qw: QuantizedWeight, which: str | None = None) -> torch.Tensor:

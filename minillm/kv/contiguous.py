@@ -8,7 +8,7 @@ import torch
 
 from minillm.config import ModelConfig
 from minillm.kv.cache import KVCache
-from minillm.layers.attention import AttentionMetadata
+from minillm.kv.metadata import AttentionMetadata, build_metadata
 
 
 class ContiguousKVCache(KVCache):
@@ -24,8 +24,5 @@ class ContiguousKVCache(KVCache):
             if start + n > self.max_len:
                 raise ValueError(f"sequence needs {start + n} KV slots but the cache reserved {self.max_len}")
             slots.extend(range(row * self.max_len + start, row * self.max_len + start + n))
-        return AttentionMetadata(
-            query_lens=list(query_lens), seq_lens=[s + n for s, n in zip(num_cached, query_lens)],
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.k.device),
-            block_tables=torch.tensor([[r] for r in rows], dtype=torch.int64, device=self.k.device),
-            block_size=self.max_len)
+        return build_metadata(query_lens, [s + n for s, n in zip(num_cached, query_lens)], slots,
+                              [[r] for r in rows], self.max_len, self.k.device)

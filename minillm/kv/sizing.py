@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from minillm.config import ModelConfig
-from minillm.models.catalog import model_shape
+from minillm.catalog import model_shape
 
 
 def kv_cache_bytes(config: ModelConfig | str, tokens: int, dtype_bytes: float = 2) -> float:

@@ -8,7 +8,7 @@ whatever context is already cached), decode tokens all at once.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+
 from typing import Callable
 
 import torch
@@ -16,101 +16,10 @@ import torch.nn.functional as F
 
 from minillm.kv.cache import KVCache
 from minillm.kv.int8 import dequantize_rows
-
-
-@dataclass
-class AttentionMetadata:
-    """Per-step batch description, built once by the runner and shared by all layers.
-
-    Sequences are ordered; tokens of sequence i are rows query_start[i]:query_start[i+1] of q.
-    seq_lens[i] is the number of KV tokens sequence i has after this step (cached context + new tokens).
-    """
-    query_lens: list[int]
-    seq_lens: list[int]
-    slot_mapping: torch.Tensor          # [T] int64: flat slot (block * block_size + offset) for each new token
-    block_tables: torch.Tensor          # [S, max_blocks] int64 (padded with 0)
-    block_size: int
-    query_start: list[int] = field(init=False)
-    _memo: dict = field(default_factory=dict, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        starts = [0]
-        for n in self.query_lens:
-            starts.append(starts[-1] + n)
-        self.query_start = starts
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens)
-
-    def memo(self, key, build: Callable):
-        """A value derived from this step's batch, built by the first layer that asks and reused by the rest."""
-        if key not in self._memo:
-            self._memo[key] = build()
-        return self._memo[key]
-
-    def decode_groups(self, group_size: int) -> list["DecodeGroup"]:
-        """The step's decode rows (one query token each) in length-sorted groups."""
-        return self.memo(("decode_groups", group_size), lambda: decode_groups(self, group_size))
-
-    def decode_rows(self) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Query rows of the step's decode tokens, their block tables and context lengths (for decode kernels)."""
-        def build():
-            idx = [i for i, n in enumerate(self.query_lens) if n == 1]
-            return ([self.query_start[i] for i in idx], self.block_tables[idx],
-                    torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64, device=self.block_tables.device))
-        return self.memo("decode_rows", build)
-
-    def decode_row_index(self) -> torch.Tensor:
-        """decode_rows()'s query rows as an int64 tensor (kernels that address q and out in place take it)."""
-        return self.memo("decode_row_index", lambda: torch.tensor(
-            self.decode_rows()[0], dtype=torch.int64, device=self.block_tables.device))
-
-    def context_slots(self, i: int) -> torch.Tensor:
-        """Flat slots of positions 0..seq_lens[i]-1 of sequence i."""
-        def build():
-            pos = torch.arange(self.seq_lens[i], device=self.block_tables.device)
-            return self.block_tables[i, pos // self.block_size] * self.block_size + pos % self.block_size
-        return self.memo(("context_slots", i), build)
-
-
-@dataclass
-class DecodeGroup:
-    """A few decode sequences of similar length, padded to the longest, attended with one gather + two matmuls."""
-    seq_idx: list[int]          # which sequences of the step
-    rows: torch.Tensor          # [S] int64: their query rows
-    slots: torch.Tensor         # [S * Lmax] int64: context slots, padded with slot 0
-    bias: torch.Tensor          # [S, Lmax] float32: 0 for real keys, -inf for padding
-    max_len: int
-
-    @staticmethod
-    def build(meta: "AttentionMetadata", idx: list[int]) -> "DecodeGroup":
-        dev = meta.block_tables.device
-        lens = torch.tensor([meta.seq_lens[i] for i in idx], device=dev)
-        L = int(lens.max())
-        pos = torch.arange(L, device=dev)
-        tables = meta.block_tables[idx]
-        blk = torch.gather(tables, 1, (pos // meta.block_size).clamp(max=tables.shape[1] - 1).expand(len(idx), L))
-        valid = pos[None, :] < lens[:, None]
-        slots = torch.where(valid, blk * meta.block_size + pos % meta.block_size, 0)
-        bias = torch.zeros(valid.shape, dtype=torch.float32, device=dev).masked_fill_(~valid, float("-inf"))
-        rows = torch.tensor([meta.query_start[i] for i in idx], device=dev)
-        return DecodeGroup(idx, rows, slots.reshape(-1), bias, L)
-
-
-# Why groups of a few sequences and not one big padded batch: on a CPU the per-sequence loop pays ~6 op
-# dispatches per sequence and layer, while one batch over all sequences gathers tens of MB that fall out of
-# cache before the matmul reads them back (and pads short contexts to the longest). Sorting by length and
-# grouping ~4 keeps padding small and each group's K/V (a few MB) in cache.
-DECODE_GROUP_SIZE = 4
-
-
-def decode_groups(meta: "AttentionMetadata", group_size: int = DECODE_GROUP_SIZE) -> list[DecodeGroup]:
-    idx = [i for i, n in enumerate(meta.query_lens) if n == 1 and meta.seq_lens[i] > 1]
-    if group_size <= 1 or len(idx) < 2:
-        return []
-    idx.sort(key=lambda i: meta.seq_lens[i])
-    return [DecodeGroup.build(meta, idx[a:a + group_size]) for a in range(0, len(idx), group_size)]
+from minillm.kv.metadata import DECODE_GROUP_SIZE, AttentionMetadata, DecodeGroup, decode_groups  # noqa: F401
+from minillm.kernels.cpu_paged_attention import cpu_kernel_available
+from minillm.kernels import cpu_native
+from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
 
 
 class Workspace:
@@ -301,12 +210,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
     @property
     def kernel(self) -> str:
         """Which build decodes (for shapes it takes): 'c' (csrc/paged_decode.c) or 'numba'."""
-        from minillm.kernels import cpu_native
         return "c" if cpu_native.load() is not None else "numba"
 
     def _decode(self, q, out, meta, cache, layer, scale) -> set[int]:
-        from minillm.kernels import cpu_native
-        from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
         if q.dtype != torch.float32 or q.device.type != "cpu":
             return super()._decode(q, out, meta, cache, layer, scale)
         k_slots, v_slots = cache.layer_slots(layer)
@@ -334,7 +240,6 @@ def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"
         if torch.device(device).type == "cuda":
             name = "triton"
         else:
-            from minillm.kernels.cpu_paged_attention import cpu_kernel_available
             name = "cpu" if cpu_kernel_available() else "torch"
     if name == "torch":
         return TorchAttentionBackend()

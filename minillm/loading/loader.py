@@ -14,6 +14,13 @@ from minillm.loading.errors import ModelLoadError
 from minillm.loading.sources import GGUFSource, SafetensorsSource
 
 from minillm.models.llama import LlamaModel
+from minillm.quant.policy import apply_quantization, check_quantization
+from minillm.quant.policy import wants_calibration
+from minillm.distributed.sharding import check_tp_size
+from minillm.calibration.smoothquant import calibrate_cached
+from minillm.calibration.smoothquant import attach, calibrate_cached
+from minillm.loading.gguf_file import GGUFFile
+from minillm.loading.tokenizer import Tokenizer
 
 SUPPORTED_ARCHS = ("llama", "mistral")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -55,7 +62,7 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     `quantization` (see minillm.quant.policy): "none" dequantizes everything to `dtype` (what the labs use);
     "auto" keeps a quantized checkpoint's formats; "int8" / "int4" quantize the linear layers (int4 in groups of
     `group_size`); "w8a8" quantizes weights and activations to int8, with SmoothQuant factors calibrated on the
-    whole float model (quant/smooth.py; cached per checkpoint, `progress(text)` hears about it)."""
+    whole float model (calibration/smoothquant.py; cached per checkpoint, `progress(text)` hears about it)."""
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
@@ -65,23 +72,18 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
     if comm is not None and comm.world_size > 1:
-        from minillm.parallel.sharding import check_tp_size
         check_tp_size(cfg, comm.world_size)
-    from minillm.quant.policy import apply_quantization, check_quantization
     check_quantization(quantization, group_size, rules)
     model = build_model(cfg, weights, torch_dtype, comm, layers, rules, keep_quantized=quantization == "auto")
     whole = (comm is None or comm.world_size == 1) and layers is None
     smooth = None
     if quantization == "w8a8" and whole:     # SmoothQuant factors from the float model, then quantize with them
-        from minillm.quant.smooth import calibrate_cached
         smooth = calibrate_cached(model, tok, path, progress)
     try:
         apply_quantization(model, quantization, group_size, smooth)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
-    from minillm.quant.policy import wants_calibration
     if wants_calibration(model) and whole:   # W8A8 copies for batched steps (MINILLM_QGEMM_BATCHED=w8a8)
-        from minillm.quant.smooth import attach, calibrate_cached
         attach(model, calibrate_cached(model, tok, path, progress))
     return LoadedModel(model, tok, cfg, path)
 
@@ -91,7 +93,6 @@ def peek_config(spec: str | Path = "default") -> ModelConfig:
     path = resolve_model_path(spec)
     if path.is_dir():
         return _hf_dir_config(path)
-    from minillm.loading.gguf_file import GGUFFile
     return _gguf_config(GGUFFile.open(path))
 
 
@@ -126,7 +127,6 @@ def _read_hf_dir(path: Path):
     files = _safetensors_files(path)
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path} has no tokenizer.json")
-    from minillm.loading.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(path)
     return cfg, _iter_safetensors(files), tok
 
@@ -277,12 +277,10 @@ def _gguf_config(gf) -> ModelConfig:
 
 
 def _read_gguf(path: Path):
-    from minillm.loading.gguf_file import GGUFFile
     gf = GGUFFile.open(path)
     cfg = _gguf_config(gf)
     if gf.has_tensor("rope_freqs.weight"):
         cfg._rope_freqs = gf.load("rope_freqs.weight")
-    from minillm.loading.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(gf.metadata)
     return cfg, _iter_gguf(gf, cfg), tok
 

@@ -11,20 +11,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-
-def _index(rows: slice | None, cols: slice | None, ndim: int) -> tuple:
-    full = slice(None)
-    return (rows or full,) if ndim == 1 else (rows or full, cols or full)
-
-
-class TensorSource:
-    """A tensor already in memory."""
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self.t, self.shape = t, tuple(t.shape)
-
-    def read(self, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
-        return self.t[_index(rows, cols, self.t.dim())].float().clone()
+from minillm.layers.linear import TensorSource, slice_index as _index  # noqa: F401 (TensorSource: the in-memory kind)
+from minillm.loading.dequant import dequantize
+from minillm.quant.gguf import NATIVE, from_blocks
 
 
 class SafetensorsSource:
@@ -52,7 +41,6 @@ class GGUFSource:
 
     def read(self, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         from gguf import GGML_QUANT_SIZES
-        from minillm.loading.dequant import dequantize
         if len(self.shape) != 2 or (rows is None and cols is None):
             t = self.gf.load(self.name)
             t = t if rows is None and cols is None else t[_index(rows, cols, t.dim())].clone()
@@ -73,7 +61,6 @@ class GGUFSource:
         """The slice as a QuantizedWeight when the tensor's GGML type maps onto a minillm format (Q8_0, Q4_0,
         Q4_1) and the columns fall on its blocks; None otherwise (then `read` dequantizes)."""
         from gguf import GGML_QUANT_SIZES
-        from minillm.quant.gguf import NATIVE, from_blocks
         if self.qtype not in NATIVE or len(self.shape) != 2:
             return None
         out_f, in_f = self.shape

@@ -12,13 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm import interfaces
 from minillm.config import ModelConfig
+from minillm.distributed.sharding import shard_config
+from minillm.kernels.cpu_decode import DecodeWeights, LayerWeights
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
 from minillm.layers.norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding, apply_rotary
-from minillm.parallel.comm import Communicator
-from minillm.parallel.layers import (MEGATRON, SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+from minillm.distributed.comm import Communicator
+from minillm.layers.linear import (MEGATRON, SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                      Quantizable, RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
 from minillm.quant.formats import QuantizedWeight, QuantSpec
 
@@ -27,7 +30,7 @@ from minillm.quant.formats import QuantizedWeight, QuantSpec
 class ForwardContext:
     meta: AttentionMetadata
     cache: KVCache
-    backend: object  # anything with .forward(layer, q, k, v, meta, cache, scale)
+    backend: interfaces.AttentionBackend
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
@@ -105,7 +108,6 @@ class LlamaModel(nn.Module):
     @property
     def kv_cfg(self) -> ModelConfig:
         """The shapes this rank's KV pool holds: its KV heads, its stage's layers."""
-        from minillm.parallel.sharding import shard_config
         return shard_config(self.cfg, self.comm.world_size, len(self.layer_range))
 
     @torch.inference_mode()
@@ -114,11 +116,6 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed), or for a pipeline stage
         that is not the last, its layers' output (`hidden` is the previous stage's, for a stage that is not the
         first)."""
-        if hidden is None and input_ids.device.type == "cpu":
-            from minillm.kernels.cpu_decode import try_forward
-            fused = try_forward(self, input_ids, positions, ctx)   # a decode step in one C call, where it applies
-            if fused is not None:
-                return fused
         ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = self.embed_tokens(input_ids) if hidden is None else hidden
         if self.layers:   # a quantized embedding dequantizes to float32: run the layers in the model's dtype
@@ -126,6 +123,57 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx)
         return self.norm(x) if self.is_last else x
+
+    def decode_step_weights(self) -> DecodeWeights | None:
+        """This model's weights as the fused CPU decode step reads them, or None where that step would not compute
+        what the layers compute: a shard (tensor or pipeline parallel), a module that is not minillm's own class
+        (a lab's swapped-in piece) or carries a forward hook, a float or W8A8 matmul. Cached while the modules, their
+        hooks, quantized weights and norm storage stay the same (checked on every call: a few microseconds a layer)."""
+        key = self._decode_key()
+        cached = self.__dict__.get("_decode_weights")
+        if cached is None or cached[0] != key:
+            cached = (key, self._build_decode_weights() if key is not None else None)
+            self.__dict__["_decode_weights"] = cached
+        return cached[1]
+
+    def _decode_parts(self) -> list[tuple[nn.Module, ...]] | None:
+        """Per layer (layer, attention, MLP, input norm, qkv, o, post norm, gate_up, down), or None when any is not
+        exactly minillm's own class or is hooked (its forward would not be what the fused step computes)."""
+        if self.comm.world_size != 1 or not (self.is_first and self.is_last) or type(self.norm) is not RMSNorm:
+            return None
+        out = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            mods = (layer, a, m, layer.input_layernorm, a.qkv_proj, a.o_proj, layer.post_attention_layernorm,
+                    m.gate_up_proj, m.down_proj)
+            for x, kind in zip(mods, _DECODE_KINDS):
+                # nn.Module keeps hooks in these dicts; a hooked module must run its own forward
+                if type(x) is not kind or x._forward_hooks or x._forward_pre_hooks:
+                    return None
+            out.append(mods)
+        return out
+
+    def _decode_key(self) -> tuple | None:
+        parts = self._decode_parts()
+        if parts is None:
+            return None
+        embed = self.embed_tokens.quant if self.embed_tokens.tp_size == 1 else None
+        return (tuple(id(x) for mods in parts for x in mods), tuple(id(mods[i].quant) for mods in parts
+                                                                     for i in (4, 5, 7, 8)),
+                tuple((n.weight.data_ptr(), n.weight.dtype) for mods in parts for n in (mods[3], mods[6])),
+                self.norm.weight.data_ptr(), self.norm.weight.dtype, id(embed))
+
+    def _build_decode_weights(self) -> DecodeWeights | None:
+        parts = self._decode_parts()
+        if parts is None or any(n.eps != self.norm.eps for mods in parts for n in (mods[3], mods[6])):
+            return None
+        a0 = parts[0][1]
+        return DecodeWeights(
+            tuple(LayerWeights(n1.weight, n2.weight, qkv.quant, o.quant, gu.quant, d.quant)
+                  for _, _, _, n1, qkv, o, n2, gu, d in parts),
+            self.norm.weight, self.norm.eps, self.cfg.hidden_size, self.cfg.intermediate_size, a0.num_heads,
+            a0.num_kv_heads, a0.head_dim, a0.scale,
+            self.embed_tokens.quant if self.embed_tokens.tp_size == 1 else None)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -259,6 +307,10 @@ class LlamaModel(nn.Module):
         if per_token and self.lm_head is not None and self.embed_tokens is not None:
             total -= _nbytes(self.embed_tokens)
         return total
+
+
+_DECODE_KINDS = (DecoderLayer, Attention, MLP, RMSNorm, QKVParallelLinear, RowParallelLinear, RMSNorm,
+                 MergedColumnParallelLinear, RowParallelLinear)
 
 
 def _nbytes(module: nn.Module) -> int:

@@ -24,7 +24,7 @@ A W8A8 matrix may carry SmoothQuant factors `smooth` = s (float32 [K], one per i
 W diag(s), and activations are divided by s before their per-token quantization, so y = (x / s)(W diag(s))^T = x W^T
 in exact arithmetic. Dividing the outlier channels of x by large s (and scaling W's columns up by the same s) moves
 the quantization difficulty from the activations, whose per-token step one outlier channel sets, to the weights,
-which have a step per output channel (minillm/quant/smooth.py chooses s from calibration text).
+which have a step per output channel (minillm/calibration/smoothquant.py chooses s from calibration text).
 """
 from __future__ import annotations
 

@@ -11,32 +11,19 @@
 Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
 on the first such step (cpu_qgemm.BATCHED_PATH: the int16 GEMM by default); describe() reports the memory it holds.
 w8a8 and the W8A8 batched copies (MINILLM_QGEMM_BATCHED=w8a8) are SmoothQuant-calibrated when load_model reads a
-whole model (quant/smooth.py).
+whole model (calibration/smoothquant.py).
 """
 from __future__ import annotations
 
-QUANTIZATIONS = ("auto", "none", "int8", "int4", "w8a8")
-BLOCK = 32   # = formats.BLOCK; this module stays free of torch (EngineConfig validates with it at CLI start)
+from minillm.config import QUANT_BLOCK as BLOCK, QUANTIZATIONS, check_quantization, kernels  # noqa: F401 (re-exported)
+from minillm.quant.formats import QuantSpec, quantize
+
 _LOW_BITS = ("Q4", "Q5", "Q3", "Q2", "IQ1", "IQ2", "IQ3", "IQ4", "TQ")
-
-
-def check_quantization(quantization: str, group_size: int, rules=None) -> None:
-    """Raise ValueError for a setting that cannot work, before anything is read."""
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
-    if (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < BLOCK or group_size % BLOCK
-            or group_size > 2**16):
-        raise ValueError(f"quantization_group_size must be a multiple of {BLOCK} up to 65536 (32, 64, 128, ...), "
-                         f"got {group_size!r}")
-    if rules is not None and quantization != "none":
-        raise ValueError("tp_rules (a learner's tensor-parallel rules) run float weights only: pass "
-                         "quantization='none' with them")
 
 
 def apply_quantization(model, quantization: str, group_size: int = 32, smooth: dict | None = None) -> None:
     """Quantize a loaded model in place according to the setting (see the module docstring). `smooth`: SmoothQuant
-    factors by layer name for w8a8 (quant/smooth.py; layers without an entry are quantized unsmoothed)."""
-    from minillm.quant.formats import QuantSpec
+    factors by layer name for w8a8 (calibration/smoothquant.py; layers without an entry are quantized unsmoothed)."""
     if quantization == "none":
         return
     int8_rows = QuantSpec("int8")
@@ -45,7 +32,6 @@ def apply_quantization(model, quantization: str, group_size: int = 32, smooth: d
     elif quantization == "int4":
         model.quantize_(QuantSpec("int4", group_size), int8_rows)
     elif quantization == "w8a8":
-        from minillm.quant.formats import quantize
         w8a8 = QuantSpec("int8", act="int8")
         factors = smooth or {}
         names = {id(m.weight): name for name, m in model.quantizable() if m.weight is not None}
@@ -62,8 +48,7 @@ def apply_quantization(model, quantization: str, group_size: int = 32, smooth: d
 def wants_calibration(model) -> bool:
     """Whether batched steps run W8A8 copies that want SmoothQuant factors: MINILLM_QGEMM_BATCHED=w8a8 and a CPU
     model with weight-only quantized layers."""
-    import os
-    if os.environ.get("MINILLM_QGEMM_BATCHED", "").lower() != "w8a8":
+    if kernels().qgemm_batched != "w8a8":
         return False
     return any(m.quant is not None and m.quant.act is None and m.quant.qweight.device.type == "cpu"
                for _, m in model.quantizable())

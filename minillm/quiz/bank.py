@@ -7,13 +7,15 @@ the field, so a content writer can go straight to it.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+
+from minillm import config
+from minillm.quiz.markup import normalize
 
 LEVELS: tuple[str, ...] = ("easy", "medium", "hard", "system-design", "scenario")
 
@@ -81,7 +83,6 @@ class Question:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], file: Path | None = None) -> "Question":
-        from minillm.quiz.markup import normalize
         points = [kp if isinstance(kp, dict) else {"point": kp} for kp in d["key_points"]]
         return cls(id=d["id"], topic=d["topic"], level=d["level"], question=normalize(d["question"]),
                    answer=normalize(d["answer"]), key_points=tuple(normalize(p["point"]) for p in points),
@@ -167,11 +168,7 @@ class SelectionError(ValueError):
 
 def default_bank_dir() -> Path:
     """`MINILLM_QUESTIONS`, else the repository's `questions/` next to the package."""
-    env = os.environ.get("MINILLM_QUESTIONS")
-    if env:
-        return Path(env)
-    import minillm
-    return Path(minillm.__file__).resolve().parents[1] / "questions"
+    return config.questions_dir() or Path(__file__).resolve().parents[2] / "questions"
 
 
 def _show(path: Path) -> str:

@@ -9,6 +9,13 @@ from typing import TextIO
 
 from minillm.quiz.bank import LABS, LEVELS, PLANNED_TOPICS, Bank, BankError, SelectionError, load_bank
 from minillm.quiz.store import data_path
+from minillm.quiz.export import FORMATS
+from minillm.quiz.store import reset
+from minillm.quiz.export import to_anki_csv, to_markdown
+from minillm.quiz.session import QuizSession
+from minillm.quiz.store import ScheduleStore
+from minillm.quiz.style import Style
+from minillm.quiz.coverage import coverage
 
 DESCRIPTION = """\
 Rehearse the interview questions in questions/ (one YAML file per topic, each question tied to the
@@ -88,7 +95,6 @@ def _filters(args: argparse.Namespace) -> str:
 
 def cmd_quiz(args: argparse.Namespace) -> int:
     if args.reset:
-        from minillm.quiz.store import reset
         try:
             removed = reset()
         except OSError as e:
@@ -97,7 +103,6 @@ def cmd_quiz(args: argparse.Namespace) -> int:
         return 0
     if args.n < 1:
         return _error(f"--n must be at least 1, got {args.n}")
-    from minillm.quiz.export import FORMATS
     if args.export:
         args.export[0] = args.export[0].lower()
         if args.export[0] not in FORMATS:
@@ -122,7 +127,6 @@ def cmd_quiz(args: argparse.Namespace) -> int:
 
 
 def _export(bank: Bank, questions: list, fmt: str, path: str) -> int:
-    from minillm.quiz.export import to_anki_csv, to_markdown
     text = to_anki_csv(questions, bank.topics) if fmt == "anki" else to_markdown(questions, bank.topics)
     if path == "-":
         sys.stdout.write(text)
@@ -136,9 +140,6 @@ def _export(bank: Bank, questions: list, fmt: str, path: str) -> int:
 
 
 def _run(questions: list, args: argparse.Namespace) -> int:
-    from minillm.quiz.session import QuizSession
-    from minillm.quiz.store import ScheduleStore
-    from minillm.quiz.style import Style
 
     store = ScheduleStore()
     schedule = store.load()
@@ -155,7 +156,6 @@ def _run(questions: list, args: argparse.Namespace) -> int:
 def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: str = "") -> None:
     """Every topic with counts per level and totals, questions per lab, and coverage of the seed questions.
     With `questions` (the ones some filters select) the counts are theirs and the matching ids are listed."""
-    from minillm.quiz.coverage import coverage
 
     selected = list(bank.questions.values()) if questions is None else questions
     short = {"system-design": "design"}

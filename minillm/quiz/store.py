@@ -14,18 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
+from minillm import config
 from minillm.quiz.schedule import Clock, Schedule, utc_now
 
 FILE_NAME = "quiz.json"
 
 
 def data_path() -> Path:
-    env = os.environ.get("MINILLM_DATA_DIR")
-    if env:
-        return Path(env).expanduser() / FILE_NAME
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
-    return base / "minillm" / FILE_NAME
+    return config.quiz_data_dir().expanduser() / FILE_NAME
 
 
 def fallback_path() -> Path:

@@ -1,16 +1,17 @@
 """Terminal styling that degrades to plain text: ANSI colours only on a TTY without NO_COLOR."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TextIO
+
+from minillm import config
 
 _CODES = {"bold": "1", "dim": "2", "green": "32", "red": "31", "yellow": "33", "cyan": "36"}
 
 
 def wants_color(out: TextIO, no_color_flag: bool = False) -> bool:
     """https://no-color.org: any non-empty NO_COLOR disables colour; so does a pipe or --no-color."""
-    if no_color_flag or os.environ.get("NO_COLOR"):
+    if no_color_flag or config.no_color():
         return False
     isatty = getattr(out, "isatty", None)
     return bool(isatty and isatty())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from minillm.structured.params import escape
+from minillm.structured.regex import escape
 
 MAX_FREE_DEPTH = 2
 

@@ -1,9 +1,11 @@
 """StructuredOutputsParams: which language the output must belong to (vLLM's names), checked on construction."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any
+
+from minillm.structured import json_schema
+from minillm.structured.regex import escape
 
 # Between JSON tokens (after `{`, `[`, `:` and `,`, before `}` and `]`) the default allows at most one space:
 # it admits both `{"a": 1, "b": 2}` and `{"a":1,"b":2}` while keeping the automaton small and the model from
@@ -58,7 +60,6 @@ class StructuredOutputsParams:
 
     def to_regex(self) -> str:
         """The one regex the output must fully match (JSON Schemas and choices are compiled to one)."""
-        from minillm.structured import json_schema
         if self.regex is not None:
             return self.regex
         if self.choice is not None:
@@ -81,9 +82,3 @@ class StructuredOutputsParams:
             if v not in (None, False):
                 return f"{name}={v!r:.80}"
         return "?"
-
-
-def escape(text: str) -> str:
-    """`text` as a regex of our subset matching exactly it (re.escape also escapes characters we read literally,
-    which our parser accepts too, but spaces and '#' it escapes are fine either way)."""
-    return re.sub(r"[\\.^$|?*+()\[\]{}-]", lambda m: "\\" + m.group(0), text)

@@ -8,6 +8,7 @@ points; surrogates (which UTF-8 cannot encode) are never matched.
 The AST: Chars(ranges) | Concat(parts) | Alt(options) | Repeat(node, min, max or None)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MAX_CODEPOINT = 0x10FFFF
@@ -281,3 +282,9 @@ def parse(pattern: str):
         raise TypeError(f"a regex must be a str, got {type(pattern).__name__}")
     parser = _Parser(pattern)
     return parser.parse()
+
+
+def escape(text: str) -> str:
+    """`text` as a regex of our subset matching exactly it (re.escape also escapes characters we read literally,
+    which our parser accepts too, but spaces and '#' it escapes are fine either way)."""
+    return re.sub(r"[\\.^$|?*+()\[\]{}-]", lambda m: "\\" + m.group(0), text)

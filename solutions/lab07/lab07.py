@@ -48,10 +48,10 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
 from minillm.loading.loader import load_model
-from minillm.sampling.ngram import NgramProposer
+from minillm.spec_decode.ngram import NgramProposer
 from minillm.sampling.params import SamplingParams
-from minillm.sampling.rejection_sampler import RejectionSampler
-from minillm.sampling.speculative_math import expected_speedup, expected_tokens_per_step
+from minillm.spec_decode.rejection_sampler import RejectionSampler
+from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
 from minillm.testing import chi_square
 
 loaded = load_model("default", "float32")
@@ -411,7 +411,7 @@ plt.show()
 #
 # For each request we time the decode phase only (first token to last: prefill costs the same either way) and
 # read, from a step observer, how many tokens each step fed the model and how long it took. The formula of
-# `minillm.sampling.speculative_math` predicts tokens per target step, `(1 − α^{k+1}) / (1 − α)` for an
+# `minillm.spec_decode.expected` predicts tokens per target step, `(1 − α^{k+1}) / (1 − α)` for an
 # acceptance rate `α`, and a speedup `expected_speedup(α, k, draft_cost)` that assumes a step verifying `k + 1`
 # tokens costs the same as a plain one-token step — true at batch 1 on a GPU, where a step is bound by reading
 # the weights. **Expected shape:** the passage gets most guesses accepted, 3-4 tokens per step and a clear

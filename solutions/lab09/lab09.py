@@ -47,12 +47,12 @@ import numpy as np
 import torch
 
 from minillm import LLM, SamplingParams
-from minillm.engine.model_runner import ModelRunner, StepInputs
+from minillm.worker.model_runner import ModelRunner, StepInputs
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import get_attention_backend
 from minillm.loading.loader import build_model
-from minillm.parallel.comm import run_on_ranks
-from minillm.parallel.shard_util import hf_state
+from minillm.distributed.comm import run_on_ranks
+from minillm.loading.export import hf_state
 from minillm.testing import random_model
 
 # A tiny random Llama for quick experiments: 8 query heads, 2 KV heads (grouped-query attention), head_dim 8.
@@ -98,7 +98,7 @@ print(f"tiny model: hidden {cfg.hidden_size}, {cfg.num_heads} query heads, {cfg.
 # %%
 def on_ranks(world, fn):
     """Run fn(comm) on `world` ranks at once — one thread per rank, each with its own Communicator (real gloo over
-    loopback TCP) — and return the results in rank order (minillm.parallel.comm.run_on_ranks)."""
+    loopback TCP) — and return the results in rank order (minillm.distributed.comm.run_on_ranks)."""
     return run_on_ranks(world, fn)
 
 
@@ -258,7 +258,7 @@ from minillm.grading.lab09 import check_lab09_2; check_lab09_2(row_cols)
 #   Return the whole output `[tokens, out_features]`, the same on every rank: the partial product, summed over the
 #   ranks by **exactly one** `comm.all_reduce`, then the bias — **once**.
 #
-# `comm` is a `minillm.parallel.comm.Communicator`: `comm.rank`, `comm.world_size`, and
+# `comm` is a `minillm.distributed.comm.Communicator`: `comm.rank`, `comm.world_size`, and
 # `comm.all_reduce(t)`, which sums `t` over the ranks **in place** (every rank ends with the sum) and returns it.
 # Every rank runs your function at the same time, and an all-reduce returns only when all ranks have called it.
 # The communicator counts what it sends (`comm.stats.messages`, `comm.stats.bytes`): the checker reads them.

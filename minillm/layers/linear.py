@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.parallel.comm import Communicator
+from minillm.distributed.comm import Communicator
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
+from minillm.kernels.cpu_qgemm import qlinear
 
 SINGLE = Communicator()
 
@@ -35,8 +36,22 @@ class WeightSource(Protocol):
     def read(self, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor: ...
 
 
-def as_source(x) -> WeightSource:
-    from minillm.loading.sources import TensorSource
+def slice_index(rows: slice | None, cols: slice | None, ndim: int) -> tuple:
+    full = slice(None)
+    return (rows or full,) if ndim == 1 else (rows or full, cols or full)
+
+
+class TensorSource:
+    """A tensor already in memory (the checkpoint readers in loading/sources.py are the other kinds)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.shape = t, tuple(t.shape)
+
+    def read(self, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        return self.t[slice_index(rows, cols, self.t.dim())].float().clone()
+
+
+def as_source(x: "torch.Tensor | WeightSource") -> WeightSource:
     return TensorSource(x) if isinstance(x, torch.Tensor) else x
 
 
@@ -101,7 +116,7 @@ class Quantizable:
 
     @property
     def w8a8_smooth(self) -> torch.Tensor | None:
-        """SmoothQuant factors for the W8A8 copy of batched steps (quant/smooth.py), or None. A buffer (it moves
+        """SmoothQuant factors for the W8A8 copy of batched steps (calibration/smoothquant.py), or None. A buffer (it moves
         with the module)."""
         return self._buffers.get("smooth_factors")
 
@@ -185,7 +200,6 @@ class Quantizable:
         if x.is_cuda:
             from minillm.kernels.triton_qgemm import qlinear_cuda
             return qlinear_cuda(x, self.quant)
-        from minillm.kernels.cpu_qgemm import qlinear
         return qlinear(x, self.quant, self._buffers.get("smooth_factors"))
 
 

@@ -1,21 +1,27 @@
-"""Turns a SchedulerOutput into one forward pass: flat input_ids, positions, slot_mapping, block_tables.
+"""Runs one forward pass over a step's StepInputs: flat input_ids, positions, slot_mapping, block_tables.
 
-Everything it needs about KV placement comes in the SchedulerOutput (the scheduler asked the block manager);
-the runner only copies blocks, builds tensors and runs the model. The step's inputs travel as one StepInputs: in a
-tensor- or pipeline-parallel engine rank 0 broadcasts it (one message per step) and every rank runs `forward` on it
-with its own shard of the model and of the KV pool."""
+Everything it needs about KV placement comes in the StepInputs (the engine built them from what the scheduler asked
+the block manager); the runner only copies blocks, builds tensors, chooses how to run the model and runs it. In a
+tensor- or pipeline-parallel engine rank 0 broadcasts the StepInputs (one message per step) and every rank runs
+`forward` on it with its own shard of the model and of the KV pool. A draft model (spec_decode/draft_model.py) runs
+through a ModelRunner of its own, over its own pool.
+
+How the model runs is chosen here, from the batch: a decode step (every row one token) of a quantized model on one
+CPU rank runs as one fused C call (kernels/cpu_decode.py) where it computes exactly what the layers would;
+everything else runs the model's layers."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from minillm.engine.scheduler import SchedulerOutput
-from minillm.engine.sequence import Sequence
+from minillm import interfaces
+from minillm.distributed.comm import Communicator
+from minillm.kernels import cpu_decode
 from minillm.kv.cache import KVCache
-from minillm.layers.attention import AttentionMetadata
+from minillm.kv.metadata import AttentionMetadata, build_metadata
+from minillm.layers.attention import CpuAttentionBackend
 from minillm.models.llama import ForwardContext, LlamaModel
-from minillm.parallel.comm import Communicator
 
 
 @dataclass
@@ -31,15 +37,10 @@ class StepInputs:
     sample_rows: list[int]         # rows of the batch whose logits are wanted, in order
 
     def metadata(self, block_size: int, seqs: slice = slice(None)) -> AttentionMetadata:
-        tables = self.block_tables[seqs]
-        width = max(len(t) for t in tables)
         qs = self.query_lens[seqs]
         start = sum(self.query_lens[:seqs.start or 0])
-        return AttentionMetadata(
-            query_lens=qs, seq_lens=self.seq_lens[seqs],
-            slot_mapping=self.slot_mapping[start:start + sum(qs)],
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64),
-            block_size=block_size)
+        return build_metadata(qs, self.seq_lens[seqs], self.slot_mapping[start:start + sum(qs)],
+                              self.block_tables[seqs], block_size)
 
     def pack(self) -> torch.Tensor:
         """One int64 tensor: [T, S, copies, rows, ids, positions, slots, qlens, slens, table lengths, tables,
@@ -72,53 +73,26 @@ class StepInputs:
 class ModelRunner:
     """Runs steps on one rank. `comm` spans the ranks of a parallel engine: with `pipeline` set they are pipeline
     stages (this rank's model holds its stage's layers); otherwise they are tensor-parallel ranks (the model was
-    built with the same communicator). `driver` is rank 0's link to the other ranks (parallel/workers.py)."""
+    built with the same communicator). `driver` is rank 0's link to the other ranks (executor/workers.py)."""
 
-    def __init__(self, model: LlamaModel, kv_cache: KVCache, backend, comm: Communicator | None = None,
-                 pipeline: bool = False, micro_batches: int = 1, driver=None) -> None:
+    def __init__(self, model: LlamaModel, kv_cache: KVCache, backend: interfaces.AttentionBackend,
+                 comm: Communicator | None = None, pipeline: bool = False, micro_batches: int = 1,
+                 driver: "interfaces.StepDriver | None" = None) -> None:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.comm = comm or Communicator()
         self.pipeline, self.micro_batches, self.driver = pipeline, max(1, micro_batches), driver
 
-    def prepare(self, out: SchedulerOutput) -> tuple[StepInputs, list[list[int]], list[Sequence]]:
-        """The step's inputs, and for every sequence that gets logits, its rows of them: one row (the last
-        position) for a sequence whose chunk reaches its end, k + 1 rows for one whose k speculative guesses are
-        verified (the positions from its last real token on)."""
-        ids, pos, qlens, slens, sample_rows, sample_seqs = [], [], [], [], [], []
-        for seq, n in out.scheduled:
-            start = seq.num_computed_tokens
-            ids += seq.all_token_ids[start:start + n]
-            pos += range(start, start + n)
-            qlens.append(n)
-            slens.append(start + n)
-            last_real = seq.num_tokens - 1
-            if start + n > last_real:     # this chunk reaches the last real token: those rows yield tokens
-                first = len(ids) - n + max(0, last_real - start)
-                sample_rows.append(list(range(first, len(ids))))
-                sample_seqs.append(seq)
-        inputs = StepInputs(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), qlens, slens,
-                            torch.tensor(out.slot_mapping, dtype=torch.int64), [list(t) for t in out.block_tables],
-                            list(out.block_copies), [r for rs in sample_rows for r in rs])
-        return inputs, sample_rows, sample_seqs
-
-    def execute(self, out: SchedulerOutput) -> tuple[list[Sequence], list[list[int]], torch.Tensor]:
-        """Run the batch; return the sequences that get tokens this step, each one's rows of the logits, and the
-        logits [rows, V] (fp32)."""
-        inputs, rows, seqs = self.prepare(out)
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """Run the step on every rank; the logits of inputs.sample_rows [rows, V] (fp32)."""
         if self.driver is not None:
             self.driver.send_step(inputs)       # the other ranks start the same step
         try:
-            logits = self.forward(inputs)
+            return self.forward(inputs)
         except BaseException as e:
             # the other ranks are somewhere inside this step and can never line up with the next one: stop them all
             if self.driver is not None:
                 raise self.driver.failure(e) from e
             raise
-        offsets, local = 0, []
-        for rs in rows:
-            local.append(list(range(offsets, offsets + len(rs))))
-            offsets += len(rs)
-        return seqs, local, logits
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run one step on this rank; the logits of inputs.sample_rows on rank 0 (None on the others)."""
@@ -126,10 +100,29 @@ class ModelRunner:
         if self.pipeline and self.comm.world_size > 1:
             return self._pipeline_forward(inputs)
         meta = inputs.metadata(self.kv_cache.block_size)
-        hidden = self.model(inputs.input_ids, inputs.positions, ForwardContext(meta, self.kv_cache, self.backend))
+        ctx = ForwardContext(meta, self.kv_cache, self.backend)
+        hidden = self._fused_decode(inputs, ctx)
+        if hidden is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if not inputs.sample_rows:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
+
+    def _fused_decode(self, inputs: StepInputs, ctx: ForwardContext) -> torch.Tensor | None:
+        """The step as one C call, where the batch, the backend, the pool and the model allow it; else None."""
+        cache, meta = self.kv_cache, ctx.meta
+        if not (inputs.input_ids.numel() and all(q == 1 for q in meta.query_lens)
+                and type(self.backend) is CpuAttentionBackend and self.backend.attend_fn is None
+                and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
+                and cache.k.is_contiguous() and cache.v.is_contiguous()):
+            return None
+        weights = self.model.decode_step_weights() if isinstance(self.model, LlamaModel) else None
+        if weights is None or cache.k.shape[0] != len(weights.layers):
+            return None
+        ctx.cos, ctx.sin = self.model.rotary.cos_sin(inputs.positions, meta.query_lens, meta.seq_lens)
+        return cpu_decode.run(weights, self.model.embed_tokens, inputs.input_ids, ctx.cos, ctx.sin, cache.k, cache.v,
+                              meta.seq_lens, meta.block_tables, meta.slot_mapping, meta.block_size,
+                              self.model.cfg.vocab_size)
 
     def _pipeline_forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """GPipe-style within one step: the batch is cut into micro-batches (whole sequences); stage s runs

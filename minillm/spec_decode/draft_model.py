@@ -2,7 +2,8 @@
 first layers with its final norm and LM head (layer_skip, weights shared).
 
 The draft keeps its own paged KV pool (a KVCache and a BlockManager of its own, prefix caching off), indexed by the
-target sequence's seq_id. Each step it catches up on the tokens the target accepted since its last proposal, then
+target sequence's seq_id, and runs through a ModelRunner of its own (the engine's runner class: the same batch
+description, the same choice of the fused CPU decode step). Each step it catches up on the tokens the target accepted since its last proposal, then
 decodes k tokens one at a time, all sequences batched. A greedy request's drafts are the draft's argmax (q
 one-hot); a random request's are sampled from the draft's distribution under the request's own settings, and that
 distribution is returned as q for the rejection sampler. After verification the draft forgets the KV of its
@@ -15,13 +16,14 @@ from typing import Optional, Sequence
 
 import torch
 
+from minillm import interfaces
 from minillm.kv.block_allocator import NoFreeBlocksError
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.cache import KVCache
-from minillm.layers.attention import AttentionMetadata
 from minillm.models.llama import ForwardContext, LlamaModel
 from minillm.sampling.sampler import Sampler, SamplingBatch, draw, make_generator
-from minillm.sampling.speculative import Draft
+from minillm.spec_decode.draft import Draft
+from minillm.worker.model_runner import ModelRunner, StepInputs
 
 DRAFT_SEED_OFFSET = 0x5EED   # a seeded request's draft generator: its own stream, derived from the request's seed
 
@@ -57,15 +59,16 @@ class LayerSkipModel:
 class ModelDraftProposer:
     """Drafts with a model (a LlamaModel or a LayerSkipModel) over its own paged KV pool."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, backend, sampler: Optional[Sampler] = None) -> None:
+    def __init__(self, model: LlamaModel | LayerSkipModel, num_blocks: int, block_size: int,
+                 backend: interfaces.AttentionBackend, sampler: Optional[Sampler] = None) -> None:
         self.model = model
         self.kv_cache = KVCache(model.cfg, num_blocks, block_size, dtype=model.dtype)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.backend = backend
+        self.runner = ModelRunner(model, self.kv_cache, backend)
         self.sampler = sampler or Sampler()
         self.generators: dict[int, Optional[torch.Generator]] = {}
 
-    def propose(self, seqs, num_tokens: Sequence[int]) -> list[Draft]:
+    def propose(self, seqs: list, num_tokens: Sequence[int]) -> list[Draft]:
         bm = self.block_manager
         drafts: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
         probs: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in seqs}
@@ -119,14 +122,11 @@ class ModelDraftProposer:
             qlens.append(len(tokens) - start)
             slens.append(len(tokens))
             last.append(len(ids) - 1)
-        width = max(len(t) for t in tables)
-        meta = AttentionMetadata(query_lens=qlens, seq_lens=slens, slot_mapping=torch.tensor(slots, dtype=torch.int64),
-                                 block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
-                                 block_size=self.kv_cache.block_size)
-        hidden = self.model(torch.tensor(ids), torch.tensor(pos), ForwardContext(meta, self.kv_cache, self.backend))
+        logits = self.runner.forward(StepInputs(torch.tensor(ids), torch.tensor(pos), qlens, slens,
+                                                torch.tensor(slots, dtype=torch.int64), tables, [], last))
         for seq, tokens in rows:
             bm.commit_computed(seq.seq_id, tokens, len(tokens))
-        return self.model.compute_logits(hidden[last])
+        return logits
 
     def verified(self, seq, num_accepted: int) -> None:
         """The target kept num_accepted drafts (now in seq.token_ids) and added one token: KV past what the

@@ -4,12 +4,11 @@ prompt or output, guess that what followed then follows again. Cheap and strong 
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Sequence
+from typing import Sequence
 
-from minillm.sampling.speculative import Draft
-
-# The lookup lab07 replaces: (token_ids, k, min_n, max_n) -> up to k proposed tokens.
-NgramLookup = Callable[[Sequence[int], int, int, int], list[int]]
+from minillm import interfaces
+from minillm.interfaces import NgramLookup  # noqa: F401 (the lookup lab07 replaces: its Protocol, declared once)
+from minillm.spec_decode.draft import Draft
 
 
 def find_ngram_draft(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -38,7 +37,7 @@ def find_ngram_draft(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -
 class NgramProposer:
     """Proposes with a lookup function (the engine's find_ngram_draft, or a learner's)."""
 
-    def __init__(self, min_n: int = 1, max_n: int = 3, lookup: NgramLookup | None = None) -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 3, lookup: interfaces.NgramLookup | None = None) -> None:
         self.min_n, self.max_n = min_n, max_n
         self.lookup = lookup or find_ngram_draft
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
+from minillm.calibration.text import sequence_logits
 from minillm.quant.formats import QuantizedWeight, QuantSpec, pack_int4
+from minillm.layers.linear import ColumnParallelLinear, RowParallelLinear
 
 
 def collect_hessians(model, windows: list[list[int]], progress=None) -> dict[str, torch.Tensor]:
     """Sum of x^T x (float64) over the calibration tokens for the input of every linear layer, by module name."""
-    from minillm.bench.quality import sequence_logits
-    from minillm.parallel.layers import ColumnParallelLinear, RowParallelLinear
     sums: dict[str, torch.Tensor] = {}
     hooks = []
     for name, m in model.named_modules():
@@ -88,7 +88,6 @@ def gptq_quantize_model(model, group_size: int, windows: list[list[int]], head: 
                         progress=None):
     """Replace every float linear layer of `model` by its GPTQ int4 version (calibrated on `windows`), in place; the
     embedding / LM head by round-to-nearest `head` (default int8 per channel)."""
-    from minillm.parallel.layers import ColumnParallelLinear, RowParallelLinear
     hessians = collect_hessians(model, windows, progress)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
               and m.quant is None]

@@ -1,7 +1,7 @@
 """Speculative decoding inside the engine's step (not a side path).
 
 Before scheduling, the proposer guesses up to k next tokens for every running sequence that is decoding; the
-guesses ride along in seq.spec_token_ids, so the scheduler budgets and reserves KV slots for k + 1 positions.
+guesses ride along in seq.spec (a SpecState), so the scheduler budgets and reserves KV slots for k + 1 positions.
 The model runner computes all of them in the step's one forward pass and hands back k + 1 rows of logits; here
 the sampler turns those rows into the target's distributions p (penalties, temperature, top-k / top-p, min-p),
 and the rejection sampler keeps a prefix of the guesses plus one token of the target's own. The engine then
@@ -15,47 +15,37 @@ from typing import Optional
 
 import torch
 
+from typing import Any, Collection, Mapping
+
 from minillm import interfaces
 from minillm.config import SpeculativeConfig
-from minillm.engine.sequence import Sequence
-from minillm.sampling.rejection_sampler import RejectionSampler
 from minillm.sampling.sampler import SamplingBatch, TokenLogprobs, token_logprobs
-from minillm.sampling.speculative import SpecStats
+from minillm.spec_decode.draft import SpecStats
+from minillm.spec_decode.rejection_sampler import RejectionSampler
+
+# The engine's Sequence (engine/sequence.py, a floor above): this module reads its token lists, params, generator,
+# `spec` (a SpecState) and `matcher`, and never imports it.
+Sequence = Any
 
 
-def build_proposer(spec: SpeculativeConfig, model, tokenizer, num_blocks: int, block_size: int,
-                   attention_backend: str) -> interfaces.Proposer:
-    """The proposer a SpeculativeConfig names. A model-based one gets its own KV pool of num_blocks blocks (as many
-    tokens as the target's pool)."""
-    from minillm.layers.attention import get_attention_backend
-    from minillm.sampling.draft_model import LayerSkipModel, ModelDraftProposer
-    from minillm.sampling.ngram import NgramProposer
-    if spec.method == "ngram":
-        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if spec.method == "layer_skip":
-        draft = LayerSkipModel(model, spec.draft_layers)
-    else:
-        from minillm.loading.loader import load_model
-        loaded = load_model(spec.model, model.dtype)
-        check_same_vocabulary(model.cfg.vocab_size, tokenizer, loaded.config.vocab_size, loaded.tokenizer,
-                              str(loaded.path))
-        draft = loaded.model
-    return ModelDraftProposer(draft, num_blocks, block_size, get_attention_backend(attention_backend))
+class NoSpeculation:
+    """The engine's speculator when speculative decoding is off: no guesses, nothing to verify or forget."""
+    stats = None
 
+    def propose(self, running: list[Sequence], max_model_len: int) -> None:
+        pass
 
-def check_same_vocabulary(target_vocab_size: int, target_tokenizer, draft_vocab_size: int, draft_tokenizer,
-                          draft_name: str) -> None:
-    """A draft must number tokens exactly as the target does: its guesses are token ids the target verifies."""
-    hint = "pick a draft model of the target's family (same tokenizer), or use method 'ngram' or 'layer_skip'"
-    if target_vocab_size != draft_vocab_size:
-        raise ValueError(f"the draft model {draft_name} has a vocabulary of {draft_vocab_size} tokens, the target "
-                         f"{target_vocab_size}: {hint}")
-    if target_tokenizer is not None and draft_tokenizer is not None:
-        a, b = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-        if a != b:
-            diff = sorted(set(a.items()) ^ set(b.items()))[:3]
-            raise ValueError(f"the draft model {draft_name} numbers its tokens differently from the target "
-                             f"(e.g. {diff}): {hint}")
+    def drop(self, seq: Sequence) -> None:
+        pass
+
+    def verify(self, items: list, logits: torch.Tensor, sampler: interfaces.Sampler) -> dict:
+        if items:
+            raise ValueError("rows to verify but speculative decoding is off")
+        return {}
+
+    def after_step(self, appended: Mapping[Sequence, list[int]], verified: Collection[Sequence],
+                   scheduled: list[tuple[Sequence, int]]) -> None:
+        pass
 
 
 class SpecDecoder:
@@ -78,7 +68,7 @@ class SpecDecoder:
         its next token comes from the plain sampler, which also forks its n > 1 samples."""
         seqs, ks = [], []
         for seq in running:
-            if seq.spec_token_ids or seq.is_finished or seq.num_computed_tokens != seq.num_tokens - 1 \
+            if seq.spec.token_ids or seq.is_finished or seq.num_computed_tokens != seq.num_tokens - 1 \
                     or seq.num_tokens == seq.num_prompt_tokens or seq.pending_forks:
                 continue
             k = min(self.num_speculative_tokens,
@@ -111,12 +101,25 @@ class SpecDecoder:
                     raise ValueError(f"{type(self.proposer).__name__} gave draft probs of shape "
                                      f"{tuple(probs.shape)}; expected [{len(tokens)}, {self.vocab_size}]")
                 probs = probs[:len(tokens)]
-            seq.spec_token_ids, seq.spec_probs = tokens, (probs if tokens else None)
+            seq.spec.token_ids, seq.spec.probs = tokens, (probs if tokens else None)
 
     def drop(self, seq: Sequence) -> None:
         """seq was preempted, finished or aborted: its guesses and the proposer's state for it are gone."""
-        clear(seq)
+        seq.spec.clear()
         self.proposer.free(seq)
+
+    def after_step(self, appended: Mapping[Sequence, list[int]], verified: Collection[Sequence],
+                   scheduled: list[tuple[Sequence, int]]) -> None:
+        """After the engine appended this step's tokens: a finished sequence is forgotten; a verified one tells the
+        proposer how many guesses became real (the rest of its KV is stale); guesses a short budget left unverified
+        are dropped (a one-token budget: none kept)."""
+        for seq, tokens in appended.items():
+            if seq.text.finished:
+                self.drop(seq)
+            elif seq in verified or seq.spec.token_ids:
+                self.proposer.verified(seq, len(tokens) - 1)
+        for seq, _ in scheduled:
+            seq.spec.clear()
 
     # ------------------------------------------------------------------ after the forward pass
     def verify(self, items: list[tuple[Sequence, list[int]]], logits: torch.Tensor, sampler: interfaces.Sampler
@@ -127,7 +130,7 @@ class SpecDecoder:
         drafts, qs, gens = [], [], []
         for seq, rs in items:
             m = len(rs) - 1                      # the scheduler may have budgeted fewer than all the guesses
-            d = seq.spec_token_ids[:m]
+            d = seq.spec.token_ids[:m]
             out = seq.output_token_ids
             for j in range(m + 1):               # row j's penalties see the guesses before it as output
                 rows.append(rs[j])
@@ -135,7 +138,7 @@ class SpecDecoder:
                 prompts.append(seq.prompt_token_ids)
                 outputs.append(out + d[:j])
             drafts.append(d)
-            qs.append(None if seq.spec_probs is None else seq.spec_probs[:m])
+            qs.append(None if seq.spec.probs is None else seq.spec.probs[:m])
             gens.append(seq.generator)
         p = sampler.probs(logits[rows], SamplingBatch(params, [None] * len(rows), prompts, outputs))
         kept = self.rejection_sampler(p, drafts, qs, gens)
@@ -156,6 +159,3 @@ class SpecDecoder:
             result[seq] = (toks, lps, len(d))
         return result
 
-
-def clear(seq: Sequence) -> None:
-    seq.spec_token_ids, seq.spec_probs = [], None

@@ -11,7 +11,6 @@ gloo runs on CPU (over TCP, loopback on one machine); NCCL on CUDA. The same cal
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import time
 from collections import defaultdict
@@ -20,7 +19,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("MINILLM_DIST_TIMEOUT", "120")))
+from minillm import config
+
+DEFAULT_TIMEOUT = config.dist_timeout()
 
 
 @dataclass

@@ -25,7 +25,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minillm.parallel.comm import DEFAULT_TIMEOUT, Communicator, connect
+from minillm import config
+from minillm.distributed.comm import DEFAULT_TIMEOUT, Communicator, connect
+from minillm.loading.loader import load_model, peek_config
+from minillm.distributed.sharding import stage_layers
+from minillm.worker.model_runner import ModelRunner
+from minillm.kv.cache import KVCache, pool_dtype
+from minillm.layers.attention import get_attention_backend
+from minillm.worker.model_runner import StepInputs
+from minillm.distributed.comm import thread_communicators
 
 STEP, STOP, GROW, INIT = 1, 2, 3, 4
 HEADER = 2
@@ -95,8 +103,6 @@ class WorkerSpec:
 
 def load_rank(spec: WorkerSpec, comm: Communicator):
     """This rank's shard of the model: its tensor-parallel slice, or its pipeline stage's layers."""
-    from minillm.loading.loader import load_model, peek_config
-    from minillm.parallel.sharding import stage_layers
     if spec.pipeline_parallel_size > 1:
         layers = stage_layers(peek_config(spec.model).num_layers, spec.pipeline_parallel_size, comm.rank)
         return load_model(spec.model, spec.dtype, None, layers, quantization=spec.quantization,
@@ -106,9 +112,6 @@ def load_rank(spec: WorkerSpec, comm: Communicator):
 
 
 def build_runner(spec: WorkerSpec, model, comm: Communicator, num_blocks: int, driver=None):
-    from minillm.engine.model_runner import ModelRunner
-    from minillm.kv.cache import KVCache, pool_dtype
-    from minillm.layers.attention import get_attention_backend
     kv = KVCache(model.kv_cfg, num_blocks, spec.block_size, dtype=pool_dtype(spec.kv_cache_dtype, model.dtype))
     return ModelRunner(model, kv, get_attention_backend(spec.attention_backend), comm,
                        pipeline=spec.pipeline_parallel_size > 1, micro_batches=spec.micro_batches, driver=driver)
@@ -122,7 +125,6 @@ def serve_steps(spec: WorkerSpec, comm: Communicator, model) -> None:
         return
     assert cmd == INIT, cmd
     runner = build_runner(spec, model, comm, int(payload[0]))
-    from minillm.engine.model_runner import StepInputs
     while True:
         cmd, payload = chan.recv()
         if cmd == STOP:
@@ -221,7 +223,6 @@ class Workers:
             time.sleep(0.05)
 
     def _start_threads(self) -> Communicator:
-        from minillm.parallel.comm import thread_communicators
         spec = self.spec
         comms = thread_communicators(spec.world_size, spec.dist_backend, IDLE_TIMEOUT)
 
@@ -340,6 +341,4 @@ def run_env_worker(spec: WorkerSpec) -> None:
 
 def env_rank() -> int | None:
     """This process's rank when torchrun (or another env:// launcher) started it, else None."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        return int(os.environ["RANK"])
-    return None
+    return config.torchrun_rank()

@@ -25,6 +25,16 @@ from pathlib import Path
 
 import torch
 
+from minillm import config
+from minillm.calibration.text import eval_windows
+from minillm.quant.formats import quantize_per_token
+from minillm.kernels import cpu_qgemm
+from minillm.layers.linear import ColumnParallelLinear, RowParallelLinear
+from minillm.kv.contiguous import ContiguousKVCache
+from minillm.layers.attention import TorchAttentionBackend
+from minillm.models.llama import ForwardContext
+from minillm.quant.policy import describe
+
 ALPHAS = (0.4, 0.5, 0.6, 0.7, 0.8)
 WINDOWS, WINDOW, SAMPLE_ROWS = 4, 256, 96
 SEARCH_OUTPUTS = 2048    # the alpha search scores at most this many output channels (evenly spaced): the LM head's
@@ -34,7 +44,6 @@ VERSION = 1      # bump when the method changes: cached factors of another versi
 
 def _fake_w8a8(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x W^T as the W8A8 path computes it (per-token activation codes, per-channel weight codes), in float."""
-    from minillm.quant.formats import quantize_per_token
     codes, step = quantize_per_token(x)
     ws = (w.abs().amax(1, keepdim=True) / 127).half().float().clamp_min(torch.finfo(torch.float32).tiny)
     wq = torch.clamp(torch.round(w / ws), -127, 127)
@@ -62,14 +71,11 @@ def choose(x_sample: torch.Tensor, amax: torch.Tensor, w: torch.Tensor, alphas=A
 def calibration_windows(tokenizer) -> list[list[int]]:
     """The token windows calibration runs: from the calibration slice bench quality keeps apart from its held-out
     windows."""
-    from minillm.bench.quality import eval_windows
     return eval_windows(tokenizer, WINDOWS, WINDOW, calibration=True)
 
 
 def calibrate(model, windows: list[list[int]], progress=None) -> dict[str, torch.Tensor]:
     """{name: s} for every linear layer and the LM head of a whole (one-rank) model, from prefills of `windows`."""
-    from minillm.kernels import cpu_qgemm
-    from minillm.parallel.layers import ColumnParallelLinear, RowParallelLinear
     amax: dict[str, torch.Tensor] = {}
     sample: dict[str, list[torch.Tensor]] = {}
     per_window = max(1, SAMPLE_ROWS // len(windows))
@@ -81,9 +87,6 @@ def calibrate(model, windows: list[list[int]], progress=None) -> dict[str, torch
         rows = torch.linspace(0, x.shape[0] - 1, min(per_window, x.shape[0])).long()
         sample.setdefault(name, []).append(x[rows])
 
-    from minillm.kv.contiguous import ContiguousKVCache
-    from minillm.layers.attention import TorchAttentionBackend
-    from minillm.models.llama import ForwardContext
     hooks = []
     for name, m in model.named_modules():
         if isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
@@ -122,10 +125,9 @@ def attach(model, factors: dict[str, torch.Tensor]) -> None:
 
 def cache_path(checkpoint: Path, model) -> Path:
     """Where a checkpoint's factors are kept: keyed by its path, size and mtime, the model's formats and VERSION."""
-    from minillm.quant.policy import describe
     st = Path(checkpoint).stat()
     key = f"{Path(checkpoint).resolve()}|{st.st_size}|{st.st_mtime_ns}|{describe(model)}|{VERSION}|{ALPHAS}"
-    root = Path(os.environ.get("MINILLM_CACHE", Path.home() / ".cache" / "minillm")) / "smoothquant"
+    root = config.cache_root() / "smoothquant"
     return root / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".pt")
 
 

@@ -1,4 +1,4 @@
-"""Speculative decoding's configuration, the proposers' interface, and the drafting statistics.
+"""What speculative decoding keeps: a proposer's Draft, a sequence's SpecState, and the drafting statistics.
 
 A proposer guesses the next k tokens of each running sequence cheaply; the target model verifies all of them in
 the step's one forward pass (k + 1 positions per sequence) and the rejection sampler keeps a prefix. Three
@@ -14,7 +14,6 @@ from typing import Optional
 
 import torch
 
-from minillm.config import SpeculativeConfig  # noqa: F401  (re-exported: the config lives with the others)
 
 @dataclass
 class Draft:
@@ -22,6 +21,17 @@ class Draft:
     probs None means each token was chosen deterministically (q is one-hot on it)."""
     token_ids: list[int]
     probs: Optional[torch.Tensor] = None
+
+
+@dataclass
+class SpecState:
+    """One sequence's guesses for its next positions (verified in the next step) and the distributions they were
+    drawn from ([k, V]; None: chosen deterministically)."""
+    token_ids: list[int] = field(default_factory=list)
+    probs: Optional[torch.Tensor] = None
+
+    def clear(self) -> None:
+        self.token_ids, self.probs = [], None
 
 
 @dataclass

@@ -7,8 +7,10 @@ import pickle
 import torch
 
 from minillm.config import EngineConfig
-from minillm.parallel.sharding import check_pp_size, check_tp_size
-from minillm.parallel.workers import Workers, WorkerSpec, env_rank, load_rank, run_env_worker
+from minillm.distributed.sharding import check_pp_size, check_tp_size
+from minillm.executor.workers import Workers, WorkerSpec, env_rank, load_rank, run_env_worker
+from minillm.engine.llm_engine import LLMEngine
+from minillm.loading.loader import load_model, peek_config
 
 
 def resolve_backend(name: str) -> str:
@@ -20,8 +22,6 @@ def resolve_backend(name: str) -> str:
 def start_engine(model: str, config: EngineConfig, rules=None):
     """(LoadedModel of rank 0, LLMEngine). Bad layouts fail here, before any process starts. Under torchrun, a
     rank other than 0 serves steps until rank 0 closes the engine, then exits the process."""
-    from minillm.engine.llm_engine import LLMEngine
-    from minillm.loading.loader import load_model, peek_config
     par = config.parallel
     world = par.world_size
     backend = resolve_backend(par.distributed_executor_backend)
