@@ -164,28 +164,36 @@ class KernelConfig:
         _choice("cpu_attention_kernel", "MINILLM_CPU_KERNEL", self.cpu_attention_kernel, CPU_ATTENTION_KERNELS)
 
 
-_kernels: KernelConfig | None = None
+KERNEL_ENV = ("MINILLM_DECODE_STEP", "MINILLM_QGEMM", "MINILLM_QGEMM_BATCHED", "MINILLM_W8A8", "MINILLM_CPU_KERNEL")
+_from_env: tuple[tuple, KernelConfig] | None = None
+_chosen: KernelConfig | None = None
 
 
 def kernels() -> KernelConfig:
-    """The kernel settings in force in this process (from the environment until an engine or `use_kernels` sets
-    them)."""
-    global _kernels
-    if _kernels is None:
-        _kernels = KernelConfig()
-    return _kernels
+    """The kernel settings in force in this process: those an engine or `use_kernels` chose where they differ from
+    the environment's, else the environment's (read again when it changes: a few dict lookups a call)."""
+    if _chosen is not None:
+        return _chosen
+    global _from_env
+    key = tuple(os.environ.get(name) for name in KERNEL_ENV)
+    if _from_env is None or _from_env[0] != key:
+        _from_env = (key, KernelConfig())
+    return _from_env[1]
 
 
-def use_kernels(settings: KernelConfig) -> None:
-    global _kernels
-    _kernels = settings
+def use_kernels(settings: KernelConfig | None) -> None:
+    """Make `settings` the process's kernel settings (None, or the environment's own: follow the environment)."""
+    global _chosen
+    _chosen = None
+    if settings is not None and settings != kernels():
+        _chosen = settings
 
 
 @contextlib.contextmanager
 def kernels_set(**changes: str) -> Iterator[KernelConfig]:
     """Run a block under other kernel settings (A/B runs, tests), then restore the ones before."""
-    before = kernels()
-    use_kernels(dataclasses.replace(before, **changes))
+    before = _chosen
+    use_kernels(dataclasses.replace(kernels(), **changes))
     try:
         yield kernels()
     finally:

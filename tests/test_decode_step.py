@@ -23,6 +23,7 @@ from minillm.layers.attention import AttentionMetadata, CpuAttentionBackend, Tor
 from minillm.models.llama import ForwardContext
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 from minillm.testing import random_model
+from minillm.worker.model_runner import fused_decode
 from tests.test_engine import run_engine
 
 pytestmark = pytest.mark.skipif(cpu_decode.load() is None or cpu_native.load() is None, reason="needs a C compiler")
@@ -84,7 +85,7 @@ def _assert_step_matches_layers(model, cache, ids, positions, meta, monkeypatch)
     twin = _twin(cache)
     want = _layers(model, ids, positions, meta, twin, monkeypatch)
     before = cpu_decode.FUSED_INT16_STEPS
-    got = cpu_decode.try_forward(model, ids, positions, ForwardContext(meta, cache, CpuAttentionBackend()))
+    got = fused_decode(model, ids, positions, ForwardContext(meta, cache, CpuAttentionBackend()))
     assert got is not None, "the fused step declined a step it should take"
     tol = TOL["int16" if cpu_decode.FUSED_INT16_STEPS > before else "C kernel"]
     assert got.shape == want.shape and got.dtype == torch.float32
@@ -97,7 +98,7 @@ def _assert_step_matches_layers(model, cache, ids, positions, meta, monkeypatch)
 def _int16_rows(model, cache, ids, pos, meta) -> bool:
     """Run the fused step on a copy of the pool; True when it ran the int16 GEMM (False: the C kernel)."""
     before = cpu_decode.FUSED_INT16_STEPS
-    assert cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, _twin(cache), CpuAttentionBackend())) \
+    assert fused_decode(model, ids, pos, ForwardContext(meta, _twin(cache), CpuAttentionBackend())) \
         is not None
     return cpu_decode.FUSED_INT16_STEPS > before
 
@@ -149,7 +150,7 @@ def test_a_swapped_weight_is_used_at_the_next_step(monkeypatch):
 
 def _declines(model, cache, ids, pos, meta, backend=None) -> bool:
     ctx = ForwardContext(meta, cache, backend or CpuAttentionBackend())
-    return cpu_decode.try_forward(model, ids, pos, ctx) is None
+    return fused_decode(model, ids, pos, ctx) is None
 
 
 def test_where_the_fused_step_does_not_apply_it_declines(monkeypatch):
@@ -206,7 +207,7 @@ def test_a_slot_outside_the_pool_is_refused_before_anything_is_written():
     before = cache.k.clone()
     bad = AttentionMetadata([1], [4], torch.tensor([cache.k.shape[2]]), meta.block_tables, 8)
     with pytest.raises(IndexError, match="slot_mapping"):
-        cpu_decode.try_forward(model, ids, pos, ForwardContext(bad, cache, CpuAttentionBackend()))
+        fused_decode(model, ids, pos, ForwardContext(bad, cache, CpuAttentionBackend()))
     assert torch.equal(cache.k, before)
 
 
@@ -296,11 +297,11 @@ def test_the_team_splits_the_step_without_changing_a_bit(threads, contexts, monk
     try:
         torch.set_num_threads(1)
         one_cache = _twin(cache)
-        one = cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, one_cache, CpuAttentionBackend()))
+        one = fused_decode(model, ids, pos, ForwardContext(meta, one_cache, CpuAttentionBackend()))
         torch.set_num_threads(threads)
         for _ in range(3):
             many_cache = _twin(cache)
-            many = cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, many_cache, CpuAttentionBackend()))
+            many = fused_decode(model, ids, pos, ForwardContext(meta, many_cache, CpuAttentionBackend()))
             assert torch.equal(one, many)
             assert torch.equal(one_cache.k, many_cache.k) and torch.equal(one_cache.v, many_cache.v)
         _assert_step_matches_layers(model, _twin(cache), ids, pos, meta, monkeypatch)
@@ -312,7 +313,7 @@ def test_rows_outside_the_pool_or_vocabulary_are_refused_before_anything_is_writ
     """The C step checks every row before it writes (it reads and writes through raw pointers)."""
     model = _model(12)          # int8 embedding: the step looks the token rows up itself
     cache, ids, pos, meta = _paged(model, [6, 2], 4, 6)
-    assert cpu_decode.try_forward(model, ids, pos, ForwardContext(meta, _twin(cache), CpuAttentionBackend())) \
+    assert fused_decode(model, ids, pos, ForwardContext(meta, _twin(cache), CpuAttentionBackend())) \
         is not None
     before = (cache.k.clone(), cache.v.clone())
     blocks = cache.k.shape[2] // 4
@@ -325,7 +326,7 @@ def test_rows_outside_the_pool_or_vocabulary_are_refused_before_anything_is_writ
     ]
     for err, text, bad_meta, bad_ids in cases:
         with pytest.raises(err, match=text):
-            cpu_decode.try_forward(model, bad_ids, pos, ForwardContext(bad_meta, cache, CpuAttentionBackend()))
+            fused_decode(model, bad_ids, pos, ForwardContext(bad_meta, cache, CpuAttentionBackend()))
         assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1])
 
 

@@ -485,10 +485,10 @@ def test_bad_requests_arriving_mid_batch_leave_the_running_ones_untouched():
 def test_runner_positions_are_start_to_start_plus_n_and_rows_are_the_chunk_ends():
     """Chunked prefill of one prompt and decodes of others in one step: every sequence's positions are exactly
     num_computed_tokens ... num_computed_tokens + n - 1, and only chunks that reach a sequence's end yield a row."""
+    from minillm.engine.inputs import prepare_inputs
     from minillm.engine.scheduler import SchedulerOutput
     from minillm.engine.sequence import Sequence
     from minillm.engine.stream import TextStream
-    engine = LLMEngine.from_model(MODEL, num_blocks=40, block_size=4)
     seqs = []
     for i, (prompt_len, computed) in enumerate([(10, 0), (10, 4), (7, 6)]):
         s = Sequence(str(i), list(range(3, 3 + prompt_len)), SamplingParams(),
@@ -497,10 +497,11 @@ def test_runner_positions_are_start_to_start_plus_n_and_rows_are_the_chunk_ends(
         seqs.append(s)
     out = SchedulerOutput(scheduled=[(seqs[0], 4), (seqs[1], 6), (seqs[2], 1)],
                           block_tables=[[0, 1, 2], [3, 4, 5], [6, 7]], slot_mapping=list(range(11)))
-    inputs, rows, got = engine.runner.prepare(out)
+    inputs, rows, got = prepare_inputs(out)
     assert inputs.positions.tolist() == [0, 1, 2, 3] + list(range(4, 10)) + [6]
     assert inputs.input_ids.tolist() == list(range(3, 7)) + list(range(7, 13)) + [9]
-    assert got == [seqs[1], seqs[2]] and rows == [[9], [10]] and inputs.sample_rows == [9, 10]
+    # batch rows 9 and 10 get logits; the runner returns just those, so the sequences read logits rows 0 and 1
+    assert got == [seqs[1], seqs[2]] and inputs.sample_rows == [9, 10] and rows == [[0], [1]]
 
 
 def test_rope_tables_at_large_positions_equal_the_closed_form():

@@ -83,7 +83,8 @@ def test_engine_config_fields_have_one_default_each():
                                     "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype", "max_num_seqs",
                                     "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config",
                                     "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
-                                    "pipeline_micro_batches"}
+                                    "pipeline_micro_batches", "decode_step", "qgemm", "qgemm_batched", "w8a8_kernel",
+                                    "cpu_attention_kernel"}
 
 
 def test_a_large_kv_budget_costs_no_memory_up_front():
@@ -220,3 +221,38 @@ def test_only_the_scheduler_talks_to_the_block_manager_during_a_step():
         engine.step()
     assert callers and {mod for mod, _ in callers} == {"minillm.engine.scheduler"}, set(callers)
     assert {"append_slots", "commit_computed", "fork", "free", "slot_mapping", "block_table"} <= {n for _, n in callers}
+
+
+def test_config_lists_stay_in_step_with_what_they_name():
+    """config.py names a few things other modules define (so validating a setting needs no torch): they agree."""
+    from minillm import config
+    from minillm.kernels import cpu_qgemm
+    from minillm.quant import formats
+    from minillm.sampling.params import SamplingParams
+    from minillm.spec_decode.proposers import PROPOSERS
+    assert config.SAMPLING_SETTING_NAMES == tuple(SamplingParams.__dataclass_fields__)
+    assert config.QUANT_BLOCK == formats.BLOCK
+    assert set(config.METHODS) == set(PROPOSERS)
+    assert set(config.QGEMM_BATCHED_PATHS) <= set(cpu_qgemm.BATCHED_PATHS)
+
+
+def test_kernel_settings_come_from_the_engine_config_or_the_environment(monkeypatch):
+    """An engine built with a kernel setting applies it process-wide; otherwise the environment decides, and a bad
+    value names both the setting and its environment variable."""
+    from minillm import config
+    monkeypatch.setenv("MINILLM_QGEMM", "torch")
+    assert config.kernels().qgemm == "torch" and EngineConfig().kernels.qgemm == "torch"
+    monkeypatch.delenv("MINILLM_QGEMM")
+    assert config.kernels().qgemm == "c"
+    with config.kernels_set(decode_step="layers"):
+        assert config.kernels().decode_step == "layers"
+    assert config.kernels().decode_step == "fused"
+    engine = LLMEngine.from_model(tiny_model(), num_blocks=8, block_size=4, decode_step="layers")
+    try:
+        assert config.kernels().decode_step == "layers"
+    finally:
+        config.use_kernels(None)
+    monkeypatch.setenv("MINILLM_DECODE_STEP", "fast")
+    with pytest.raises(ValueError, match="decode_step.*MINILLM_DECODE_STEP"):
+        config.kernels()
+    del engine

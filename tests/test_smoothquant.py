@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minillm.kernels import cpu_w8a8
-from minillm.quant import smooth as sq
+from minillm.calibration import smoothquant as sq
 from minillm.quant.formats import W8A8_LEVELS, QuantizedWeight, QuantSpec, quantize
 from minillm.testing import random_model
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from minillm import interfaces
-from minillm.config import EngineConfig
+from minillm.config import EngineConfig, use_kernels
 from minillm.worker.model_runner import ModelRunner
 from minillm.engine.inputs import prepare_inputs
 from minillm.engine.outputs import CompletionOutput, Logprob, RequestOutput, SeqSnapshot, StepInfo
@@ -64,6 +64,7 @@ class LLMEngine:
 
     def __init__(self, model: LlamaModel, tokenizer, config: EngineConfig | None = None, workers=None) -> None:
         self.config = config if config is not None else EngineConfig()
+        use_kernels(self.config.kernels)       # the CPU kernels are process-wide
         self.model, self.tokenizer, self.workers = model, tokenizer, workers
         cfg, cc = model.cfg, self.config.cache
         kv_dtype = pool_dtype(cc.kv_cache_dtype, model.dtype)

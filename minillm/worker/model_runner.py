@@ -101,28 +101,12 @@ class ModelRunner:
             return self._pipeline_forward(inputs)
         meta = inputs.metadata(self.kv_cache.block_size)
         ctx = ForwardContext(meta, self.kv_cache, self.backend)
-        hidden = self._fused_decode(inputs, ctx)
+        hidden = fused_decode(self.model, inputs.input_ids, inputs.positions, ctx)
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if not inputs.sample_rows:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
-
-    def _fused_decode(self, inputs: StepInputs, ctx: ForwardContext) -> torch.Tensor | None:
-        """The step as one C call, where the batch, the backend, the pool and the model allow it; else None."""
-        cache, meta = self.kv_cache, ctx.meta
-        if not (inputs.input_ids.numel() and all(q == 1 for q in meta.query_lens)
-                and type(self.backend) is CpuAttentionBackend and self.backend.attend_fn is None
-                and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
-                and cache.k.is_contiguous() and cache.v.is_contiguous()):
-            return None
-        weights = self.model.decode_step_weights() if isinstance(self.model, LlamaModel) else None
-        if weights is None or cache.k.shape[0] != len(weights.layers):
-            return None
-        ctx.cos, ctx.sin = self.model.rotary.cos_sin(inputs.positions, meta.query_lens, meta.seq_lens)
-        return cpu_decode.run(weights, self.model.embed_tokens, inputs.input_ids, ctx.cos, ctx.sin, cache.k, cache.v,
-                              meta.seq_lens, meta.block_tables, meta.slot_mapping, meta.block_size,
-                              self.model.cfg.vocab_size)
 
     def _pipeline_forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """GPipe-style within one step: the batch is cut into micro-batches (whole sequences); stage s runs
@@ -150,6 +134,26 @@ class ModelRunner:
             return None
         out = [comm.recv(torch.empty(n, V, dtype=torch.float32), last) for n in counts if n]
         return torch.cat(out) if out else torch.empty(0, V)
+
+
+def fused_decode(model: LlamaModel, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+                 ) -> torch.Tensor | None:
+    """The step's final hidden states from one C call (kernels/cpu_decode.py) where the batch (every row one decode
+    token), the backend (minillm's C CPU backend, no learner's attend function), the pool (float32, contiguous, on
+    the CPU) and the model (LlamaModel.decode_step_weights) allow it; else None: run the layers. Fills ctx.cos /
+    ctx.sin as the layers would."""
+    cache, meta = ctx.cache, ctx.meta
+    if not (input_ids.numel() and input_ids.device.type == "cpu" and all(q == 1 for q in meta.query_lens)
+            and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
+            and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
+            and cache.k.is_contiguous() and cache.v.is_contiguous() and isinstance(model, LlamaModel)):
+        return None
+    weights = model.decode_step_weights()
+    if weights is None or cache.k.shape[0] != len(weights.layers):
+        return None
+    ctx.cos, ctx.sin = model.rotary.cos_sin(positions, meta.query_lens, meta.seq_lens)
+    return cpu_decode.run(weights, model.embed_tokens, input_ids, ctx.cos, ctx.sin, cache.k, cache.v, meta.seq_lens,
+                          meta.block_tables, meta.slot_mapping, meta.block_size, model.cfg.vocab_size)
 
 
 def micro_batches(inputs: StepInputs, n: int):
