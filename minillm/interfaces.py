@@ -20,18 +20,19 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
     ProcessFn             sampling.processors.process_logits               Sampler(process_fn=...)            lab06
     DrawFn                sampling.sampler.draw                            Sampler(draw_fn=...)               lab06
     Sampler               sampling.sampler.Sampler                         engine.plug(sampler=...)
-    RejectionSampler      spec_decode.rejection_sampler.RejectionSampler      engine.plug(rejection_sampler=...) lab07
+    RejectionSampler      spec_decode.rejection_sampler.RejectionSampler   engine.plug(rejection_sampler=...) lab07
     RejectionRule         (per request; the engine's is vectorized)        RejectionSampler(rule=...)         lab07
-    NgramLookup           spec_decode.ngram.find_ngram_draft                  NgramProposer(lookup=...)          lab07
+    NgramLookup           spec_decode.ngram.find_ngram_draft               NgramProposer(lookup=...)          lab07
     Proposer              spec_decode.ngram.NgramProposer, spec_decode.draft_model.ModelDraftProposer
                                                                            engine.plug(proposer=...)          lab07
     RegexCompiler         structured.automata.compile_regex                engine.plug(regex_compiler=...)    lab10
     TokenIndexBuilder     structured.token_index.build_token_index         engine.plug(token_index_builder=)  lab10
-    TensorParallelRules   layers.linear.MegatronRules (MEGATRON)         LlamaModel(rules=), LLM(tp_rules=)  lab09
+    TensorParallelRules   layers.linear.MegatronRules (MEGATRON)           LlamaModel(rules=), LLM(tp_rules=) lab09
+    Quantizer             quant.formats.quantize                           LlamaModel.quantize_(quantizer=)   lab08
     StepDriver            executor.workers.Workers                         LLMEngine(workers=...)
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
 
-Later labs add the quantized linear and router here.
+Later labs add the router here. (A test checks that this table names every Protocol below.)
 
 This module imports nothing from minillm: every other module may import it.
 """

@@ -331,12 +331,13 @@ def test_an_int8_pool_needs_its_scales_and_a_pool_takes_float_or_int8():
 def test_tensor_parallel_workers_build_an_int8_pool():
     """The setting reaches every rank: a worker's runner, built from its WorkerSpec, holds an int8 pool (the engine
     test in test_parallel runs one end to end)."""
+    from minillm.config import EngineConfig
     from minillm.distributed.comm import Communicator
-    from minillm.executor.workers import WorkerSpec, build_runner
+    from minillm.executor.workers import WorkerSpec
     from minillm.testing import random_model
-    spec = WorkerSpec(model="unused", dtype="float32", tensor_parallel_size=1, pipeline_parallel_size=1,
-                      attention_backend="torch", block_size=4, micro_batches=1, kv_cache_dtype="int8")
-    runner = build_runner(spec, random_model(0), Communicator(), num_blocks=3)
+    from minillm.worker.model_runner import build_runner
+    spec = WorkerSpec("unused", EngineConfig.from_kwargs(attention_backend="torch", block_size=4, kv_cache_dtype="int8"))
+    runner = build_runner(random_model(0), spec.config, 3, Communicator())
     assert runner.kv_cache.quantized and runner.kv_cache.k.dtype == torch.int8
 
 

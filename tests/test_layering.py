@@ -222,3 +222,14 @@ def test_environment_read_only_in_config():
                     isinstance(node.value, ast.Name) and node.value.id == "os":
                 readers.append(f"{mod}:{node.lineno}")
     assert not readers, "environment read outside config.py:\n" + "\n".join(readers)
+
+
+def test_interfaces_table_names_every_protocol():
+    """interfaces.py's table (its docstring) lists every Protocol the module declares, and nothing it does not."""
+    tree = ast.parse(MODULES["minillm.interfaces"].read_text())
+    declared = {n.name for n in tree.body if isinstance(n, ast.ClassDef)
+                and any(getattr(b, "id", None) == "Protocol" for b in n.bases)}
+    table = ast.get_docstring(tree).split("plugged with", 1)[1].split("\n\n", 1)[0]
+    listed = {line.split()[0] for line in table.splitlines() if line.startswith("    ") and line[4] != " "}
+    assert declared == listed, f"Protocols not in the table: {declared - listed}; listed but not declared: " \
+                               f"{listed - declared}"

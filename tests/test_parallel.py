@@ -418,5 +418,5 @@ def test_int8_kv_cache_on_a_tensor_parallel_engine_equals_one_process(tiny_dir):
     single = run_engine(LLMEngine.from_model(model, kv_cache_dtype="int8"), requests)
     assert single != run_engine(LLMEngine.from_model(model), requests), "int8 should change a token here"
     with LLM(str(path), tensor_parallel_size=2, distributed_executor_backend="thread", kv_cache_dtype="int8") as llm:
-        assert llm.engine.kv_cache.quantized and llm.engine.workers.spec.kv_cache_dtype == "int8"
+        assert llm.engine.kv_cache.quantized and llm.engine.workers.spec.config.cache.kv_cache_dtype == "int8"
         assert run_engine(llm.engine, requests) == single

@@ -23,7 +23,6 @@ import torch
 
 from minillm import interfaces
 from minillm.config import EngineConfig, use_kernels
-from minillm.worker.model_runner import ModelRunner
 from minillm.engine.inputs import prepare_inputs
 from minillm.engine.outputs import CompletionOutput, Logprob, RequestOutput, SeqSnapshot, StepInfo
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
@@ -39,7 +38,7 @@ from minillm.sampling.sampler import Sampler, SamplingBatch, TokenLogprobs, make
 from minillm.spec_decode.decoder import NoSpeculation, SpecDecoder
 from minillm.spec_decode.proposers import ProposerContext, build_proposer
 from minillm.structured.matcher import StructuredOutputManager
-from minillm.worker.model_runner import ModelRunner
+from minillm.worker.model_runner import build_runner
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
@@ -73,20 +72,11 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
                              "raise kv_cache_memory")
-        try:
-            self.kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=kv_dtype)
-        except (MemoryError, ValueError, RuntimeError) as e:   # numpy/torch refuse a size past memory or index range
-            raise ValueError(f"cannot reserve a KV pool of {num_blocks} blocks x {per_block} bytes "
-                             f"({num_blocks * per_block / 2**30:.4g} GiB): {e}; lower kv_cache_memory "
-                             "(--kv-cache-memory) or num_blocks") from None
-        par = self.config.parallel
+        self.runner = build_runner(model, self.config, num_blocks, workers.comm if workers is not None else None,
+                                   driver=workers)
+        self.kv_cache = self.runner.kv_cache
         if workers is not None:
             workers.init(num_blocks)              # every rank sizes its slice of the pool alike
-        self.runner = ModelRunner(model, self.kv_cache, get_attention_backend(self.config.attention_backend),
-                                  workers.comm if workers is not None else None,
-                                  pipeline=par.pipeline_parallel_size > 1,
-                                  micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size,
-                                  driver=workers)
         self.scheduler: interfaces.SchedulerPolicy = Scheduler(
             self.config.scheduler, BlockManager(num_blocks, cc.block_size, cc.enable_prefix_caching))
         self.sampler: interfaces.Sampler = Sampler()

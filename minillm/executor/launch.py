@@ -8,7 +8,7 @@ import torch
 
 from minillm.config import EngineConfig
 from minillm.distributed.sharding import check_pp_size, check_tp_size
-from minillm.executor.workers import Workers, WorkerSpec, env_rank, load_rank, run_env_worker
+from minillm.executor.workers import Workers, WorkerSpec, effective_quantization, env_rank, load_rank, run_env_worker
 from minillm.engine.llm_engine import LLMEngine
 from minillm.loading.loader import load_model, peek_config
 
@@ -25,10 +25,8 @@ def start_engine(model: str, config: EngineConfig, rules=None):
     par = config.parallel
     world = par.world_size
     backend = resolve_backend(par.distributed_executor_backend)
-    # a learner's tensor-parallel rules take float weights: "auto" means float for them (int8/int4 are refused)
-    quant = "none" if rules is not None and config.quantization == "auto" else config.quantization
     if world == 1 and backend != "env":
-        loaded = load_model(model, config.dtype, rules=rules, quantization=quant,
+        loaded = load_model(model, config.dtype, rules=rules, quantization=effective_quantization(config, rules),
                             group_size=config.quantization_group_size)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
     cfg = peek_config(model)
@@ -42,11 +40,7 @@ def start_engine(model: str, config: EngineConfig, rules=None):
                              f"pickled ({e}): a class defined in a notebook cannot; use "
                              "distributed_executor_backend='thread'") from None
     threads = max(1, torch.get_num_threads() // world)
-    spec = WorkerSpec(model=str(model), dtype=config.dtype, tensor_parallel_size=par.tensor_parallel_size,
-                      pipeline_parallel_size=par.pipeline_parallel_size, attention_backend=config.attention_backend,
-                      block_size=config.cache.block_size, kv_cache_dtype=config.cache.kv_cache_dtype,
-                      micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, threads=threads,
-                      rules=rules, quantization=quant, group_size=config.quantization_group_size)
+    spec = WorkerSpec(str(model), config, threads, rules)
     if backend == "env" and env_rank() not in (0, None):
         run_env_worker(spec)
         raise SystemExit(0)

@@ -26,14 +26,11 @@ import torch
 import torch.distributed as dist
 
 from minillm import config
-from minillm.distributed.comm import DEFAULT_TIMEOUT, Communicator, connect
-from minillm.loading.loader import load_model, peek_config
+from minillm.config import EngineConfig
+from minillm.distributed.comm import DEFAULT_TIMEOUT, Communicator, connect, thread_communicators
 from minillm.distributed.sharding import stage_layers
-from minillm.worker.model_runner import ModelRunner
-from minillm.kv.cache import KVCache, pool_dtype
-from minillm.layers.attention import get_attention_backend
-from minillm.worker.model_runner import StepInputs
-from minillm.distributed.comm import thread_communicators
+from minillm.loading.loader import LoadedModel, load_model, peek_config
+from minillm.worker.model_runner import StepInputs, build_runner
 
 STEP, STOP, GROW, INIT = 1, 2, 3, 4
 HEADER = 2
@@ -81,40 +78,34 @@ class StepChannel:
 
 @dataclass
 class WorkerSpec:
-    """What a worker needs to build its rank of the engine (picklable, except `layers` in thread mode)."""
+    """What a worker needs to build its rank of the engine: the engine's own config (picklable, except `rules` in
+    thread mode), with the few things that differ per launch."""
     model: str
-    dtype: str
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    attention_backend: str
-    block_size: int
-    micro_batches: int
+    config: EngineConfig
     threads: int = 1
-    dist_backend: str = "gloo"
     rules: Any = None            # interfaces.TensorParallelRules; None: minillm's own
-    quantization: str = "none"   # EngineConfig.quantization, as the loader takes it
-    group_size: int = 32
-    kv_cache_dtype: str = "auto"  # CacheConfig.kv_cache_dtype: every rank's slice of the pool stores the same
+    dist_backend: str = "gloo"
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.config.parallel.world_size
 
 
-def load_rank(spec: WorkerSpec, comm: Communicator):
+def load_rank(spec: WorkerSpec, comm: Communicator) -> LoadedModel:
     """This rank's shard of the model: its tensor-parallel slice, or its pipeline stage's layers."""
-    if spec.pipeline_parallel_size > 1:
-        layers = stage_layers(peek_config(spec.model).num_layers, spec.pipeline_parallel_size, comm.rank)
-        return load_model(spec.model, spec.dtype, None, layers, quantization=spec.quantization,
-                          group_size=spec.group_size)
-    return load_model(spec.model, spec.dtype, comm, None, spec.rules, quantization=spec.quantization,
-                      group_size=spec.group_size)
+    cfg, par = spec.config, spec.config.parallel
+    quantization = effective_quantization(cfg, spec.rules)
+    if par.pipeline_parallel_size > 1:
+        layers = stage_layers(peek_config(spec.model).num_layers, par.pipeline_parallel_size, comm.rank)
+        return load_model(spec.model, cfg.dtype, None, layers, quantization=quantization,
+                          group_size=cfg.quantization_group_size)
+    return load_model(spec.model, cfg.dtype, comm, None, spec.rules, quantization=quantization,
+                      group_size=cfg.quantization_group_size)
 
 
-def build_runner(spec: WorkerSpec, model, comm: Communicator, num_blocks: int, driver=None):
-    kv = KVCache(model.kv_cfg, num_blocks, spec.block_size, dtype=pool_dtype(spec.kv_cache_dtype, model.dtype))
-    return ModelRunner(model, kv, get_attention_backend(spec.attention_backend), comm,
-                       pipeline=spec.pipeline_parallel_size > 1, micro_batches=spec.micro_batches, driver=driver)
+def effective_quantization(config: EngineConfig, rules: Any) -> str:
+    """A learner's tensor-parallel rules take float weights: "auto" means float for them (int8/int4 are refused)."""
+    return "none" if rules is not None and config.quantization == "auto" else config.quantization
 
 
 def serve_steps(spec: WorkerSpec, comm: Communicator, model) -> None:
@@ -124,7 +115,7 @@ def serve_steps(spec: WorkerSpec, comm: Communicator, model) -> None:
     if cmd == STOP:
         return
     assert cmd == INIT, cmd
-    runner = build_runner(spec, model, comm, int(payload[0]))
+    runner = build_runner(model, spec.config, int(payload[0]), comm)
     while True:
         cmd, payload = chan.recv()
         if cmd == STOP:

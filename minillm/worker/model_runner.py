@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from minillm import interfaces
+from minillm.config import EngineConfig
 from minillm.distributed.comm import Communicator
 from minillm.kernels import cpu_decode
-from minillm.kv.cache import KVCache
+from minillm.kv.cache import KVCache, pool_dtype
 from minillm.kv.metadata import AttentionMetadata, build_metadata
-from minillm.layers.attention import CpuAttentionBackend
+from minillm.layers.attention import CpuAttentionBackend, get_attention_backend
 from minillm.models.llama import ForwardContext, LlamaModel
 
 
@@ -134,6 +135,24 @@ class ModelRunner:
             return None
         out = [comm.recv(torch.empty(n, V, dtype=torch.float32), last) for n in counts if n]
         return torch.cat(out) if out else torch.empty(0, V)
+
+
+def build_runner(model: LlamaModel, config: EngineConfig, num_blocks: int, comm: Communicator | None = None,
+                 driver: "interfaces.StepDriver | None" = None) -> ModelRunner:
+    """A rank's runner over a fresh KV pool of num_blocks blocks, as `config` describes it: every rank of an engine
+    (rank 0 in LLMEngine, the others in executor/workers.py) is built here."""
+    cc, par = config.cache, config.parallel
+    kv_dtype = pool_dtype(cc.kv_cache_dtype, model.dtype)
+    try:
+        kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=kv_dtype)
+    except (MemoryError, ValueError, RuntimeError) as e:   # numpy/torch refuse a size past memory or index range
+        per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, kv_dtype)
+        raise ValueError(f"cannot reserve a KV pool of {num_blocks} blocks x {per_block} bytes "
+                         f"({num_blocks * per_block / 2**30:.4g} GiB): {e}; lower kv_cache_memory "
+                         "(--kv-cache-memory) or num_blocks") from None
+    return ModelRunner(model, kv_cache, get_attention_backend(config.attention_backend), comm,
+                       pipeline=par.pipeline_parallel_size > 1,
+                       micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, driver=driver)
 
 
 def fused_decode(model: LlamaModel, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
