@@ -10,11 +10,10 @@ from pathlib import Path
 from types import ModuleType
 
 from minillm.cli_args import add_engine_args, engine_config, progress_line, status
-from minillm.config import EngineConfig
-from minillm.config import QUANTIZATIONS
+from minillm.config import QUANTIZATIONS, EngineConfig
 from minillm.engine.prompt import build_prompt_ids
-from minillm.loading.errors import ModelLoadError
 from minillm.grading.cli import add_grade_parser
+from minillm.loading.errors import ModelLoadError
 from minillm.quiz.cli import add_quiz_parser
 from minillm.sampling.params import SamplingParams
 from minillm.structured.params import StructuredOutputsParams

@@ -9,9 +9,9 @@ from tqdm.auto import tqdm
 from minillm.config import EngineConfig
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
-from minillm.sampling.params import SamplingParams
 from minillm.executor.launch import start_engine
 from minillm.interfaces import TensorParallelRules, missing_members
+from minillm.sampling.params import SamplingParams
 
 
 class LLM:

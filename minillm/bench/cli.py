@@ -1,23 +1,22 @@
 """`minillm bench throughput | kv | prefix` (decode lives in cli.py next to the loader)."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
 
-from minillm.bench.workload import WorkloadSpec, make_workload
-from minillm.cli_args import engine_config, status
-from minillm.loading.loader import load_model
 from minillm.bench.kv import kv_bench, pool_tokens_per_gib
-from minillm.bench.prefix import prefix_bench
-from minillm.bench.prefix import format_prefix
-from minillm.bench.throughput import throughput_plot
-from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static
-from minillm.quant.policy import describe
-from minillm.kernels import cpu_qgemm, cpu_w8a8
+from minillm.bench.prefix import format_prefix, prefix_bench
 from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
 from minillm.bench.structured import format_structured, structured_bench as run_bench
-
+from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static, throughput_plot
+from minillm.bench.workload import WorkloadSpec, make_workload
+from minillm.cli_args import engine_config, status
+from minillm.config import EngineConfig
+from minillm.kernels import cpu_qgemm, cpu_w8a8
+from minillm.loading.loader import load_model
+from minillm.quant.policy import describe
 
 
 def load_with_status(args: argparse.Namespace, config: EngineConfig):

@@ -14,9 +14,9 @@ import torch
 
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
-from minillm.sampling.params import SamplingParams
 from minillm.kernels import cpu_decode
 from minillm.quant.policy import describe
+from minillm.sampling.params import SamplingParams
 
 
 @dataclass

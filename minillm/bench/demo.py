@@ -12,8 +12,8 @@ from minillm.bench.throughput import percentile
 from minillm.cli_args import engine_config
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
-from minillm.sampling.params import SamplingParams
 from minillm.loading.loader import load_model
+from minillm.sampling.params import SamplingParams
 
 STREAMED = ["What is the capital of France?", "Give me two tips for learning to cook."]
 BATCH = ["What is the capital of France?", "Write a haiku about autumn leaves.", "What is a black hole?",

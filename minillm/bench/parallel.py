@@ -13,10 +13,12 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from minillm.sampling.params import SamplingParams
-from minillm.loading.loader import peek_config
-from minillm.executor.launch import start_engine
+
 from minillm.distributed.sharding import tp_problems
+from minillm.executor.launch import start_engine
+from minillm.loading.loader import peek_config
+from minillm.sampling.params import SamplingParams
+
 
 def parse_layout(name: str) -> tuple[int, int, int | None]:
     """'tp3' -> (3, 1, None); 'pp2' -> (1, 2, None): micro-batches one per stage; 'pp2x1' -> (1, 2, 1)."""

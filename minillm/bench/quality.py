@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from minillm.calibration.text import CALIBRATION_CHARS, calibration_text, corpus, eval_windows, sequence_logits  # noqa: F401
+from minillm.calibration.gptq import gptq_quantize_model
+from minillm.calibration.text import (CALIBRATION_CHARS, calibration_text, corpus, eval_windows,  # noqa: F401
+                                      sequence_logits)
 from minillm.loading.loader import load_model
 from minillm.quant.policy import describe
-from minillm.calibration.gptq import gptq_quantize_model
 
 CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (calibration/gptq.py)
 KV_SETTINGS = {"kv-int8": ("none", "int8")}   # settings that quantize the KV cache: (weights, kv_cache_dtype)

@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
-from minillm.sampling.params import SamplingParams
-from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
 from minillm.layers.attention import get_attention_backend
-from minillm.spec_decode.draft_model import ModelDraftProposer
-from minillm.spec_decode.decoder import check_same_vocabulary
 from minillm.loading.loader import load_model
+from minillm.sampling.params import SamplingParams
+from minillm.spec_decode.draft_model import ModelDraftProposer
+from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
+from minillm.spec_decode.proposers import check_same_vocabulary
 
 TASKS = ("rewrite", "code", "chat")
 PROPOSERS = ("ngram", "layer_skip", "draft_model")

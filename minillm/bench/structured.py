@@ -21,9 +21,9 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.sampling.params import SamplingParams
 from minillm.structured.automata import compile_regex
+from minillm.structured.matcher import StructuredOutputManager
 from minillm.structured.params import StructuredOutputsParams
 from minillm.structured.token_index import VocabTrie, build_token_index, prune_unspellable
-from minillm.structured.matcher import StructuredOutputManager
 
 USER = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string", "format": "email"},

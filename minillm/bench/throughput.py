@@ -14,9 +14,9 @@ from tqdm.auto import tqdm
 from minillm.bench.workload import Request
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
-from minillm.sampling.params import SamplingParams
-from minillm.loading.loader import load_model
 from minillm.loading.export import hf_config, hf_state
+from minillm.loading.loader import load_model
+from minillm.sampling.params import SamplingParams
 
 
 def percentile(xs: list[float], q: float) -> float:

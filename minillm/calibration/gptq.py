@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from minillm.calibration.text import sequence_logits
-from minillm.quant.formats import QuantizedWeight, QuantSpec, pack_int4
 from minillm.layers.linear import ColumnParallelLinear, RowParallelLinear
+from minillm.quant.formats import QuantizedWeight, QuantSpec, pack_int4
 
 
 def collect_hessians(model, windows: list[list[int]], progress=None) -> dict[str, torch.Tensor]:

@@ -27,12 +27,12 @@ import torch
 
 from minillm import config
 from minillm.calibration.text import eval_windows
-from minillm.quant.formats import quantize_per_token
 from minillm.kernels import cpu_qgemm
-from minillm.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
+from minillm.layers.linear import ColumnParallelLinear, RowParallelLinear
 from minillm.models.llama import ForwardContext
+from minillm.quant.formats import quantize_per_token
 from minillm.quant.policy import describe
 
 ALPHAS = (0.4, 0.5, 0.6, 0.7, 0.8)

@@ -7,6 +7,7 @@ windows (bench quality) are cut from the held-out rest, so the two never overlap
 from __future__ import annotations
 
 import pydoc_data.topics as topics
+
 import torch
 
 from minillm.kv.cache import pool_dtype

@@ -9,12 +9,12 @@ from typing import Iterator
 
 import torch
 
+from minillm.engine.stream import TextStream
 from minillm.kv.contiguous import ContiguousKVCache
 from minillm.layers.attention import TorchAttentionBackend
 from minillm.models.llama import ForwardContext, LlamaModel
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch, make_generator
-from minillm.engine.stream import TextStream
 
 
 def eos_token_ids(tokenizer, cfg) -> set[int]:

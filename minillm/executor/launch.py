@@ -8,8 +8,8 @@ import torch
 
 from minillm.config import EngineConfig
 from minillm.distributed.sharding import check_pp_size, check_tp_size
-from minillm.executor.workers import Workers, WorkerSpec, effective_quantization, env_rank, load_rank, run_env_worker
 from minillm.engine.llm_engine import LLMEngine
+from minillm.executor.workers import Workers, WorkerSpec, effective_quantization, env_rank, load_rank, run_env_worker
 from minillm.loading.loader import load_model, peek_config
 
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from minillm.config import ModelConfig
 from minillm.catalog import Hardware, hardware_spec, model_shape, param_groups
+from minillm.config import ModelConfig
 from minillm.quant.memory import WeightFormat, checkpoint_bytes, weight_format
 
 GB = 1e9

@@ -15,7 +15,6 @@ weighted sum of V rows (V pass). numba compiles it to native code with a paralle
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 

@@ -25,9 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm import config
-from minillm.kernels import cpu_native
-from minillm.kernels import cpu_w8a8
-from minillm.kernels import cpu_int16
+from minillm.kernels import cpu_int16, cpu_native, cpu_w8a8
 from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 

@@ -1,8 +1,8 @@
 """KV-cache sizing: the arithmetic behind "how many tokens fit" (lab01)."""
 from __future__ import annotations
 
-from minillm.config import ModelConfig
 from minillm.catalog import model_shape
+from minillm.config import ModelConfig
 
 
 def kv_cache_bytes(config: ModelConfig | str, tokens: int, dtype_bytes: float = 2) -> float:

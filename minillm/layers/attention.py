@@ -8,18 +8,16 @@ whatever context is already cached), decode tokens all at once.
 from __future__ import annotations
 
 import math
-
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from minillm.kernels import cpu_native
+from minillm.kernels.cpu_paged_attention import check_tables, cpu_kernel_available, paged_attention_decode_cpu
 from minillm.kv.cache import KVCache
 from minillm.kv.int8 import dequantize_rows
 from minillm.kv.metadata import DECODE_GROUP_SIZE, AttentionMetadata, DecodeGroup, decode_groups  # noqa: F401
-from minillm.kernels.cpu_paged_attention import cpu_kernel_available
-from minillm.kernels import cpu_native
-from minillm.kernels.cpu_paged_attention import check_tables, paged_attention_decode_cpu
 
 
 class Workspace:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.distributed.comm import Communicator
-from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 from minillm.kernels.cpu_qgemm import qlinear
+from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 
 SINGLE = Communicator()
 

@@ -8,19 +8,16 @@ from typing import Any, Iterable
 
 import torch
 
+from minillm.calibration.smoothquant import attach, calibrate_cached
 from minillm.config import ModelConfig
+from minillm.distributed.sharding import check_tp_size
 from minillm.loading.default_model import default_model_path
 from minillm.loading.errors import ModelLoadError
-from minillm.loading.sources import GGUFSource, SafetensorsSource
-
-from minillm.models.llama import LlamaModel
-from minillm.quant.policy import apply_quantization, check_quantization
-from minillm.quant.policy import wants_calibration
-from minillm.distributed.sharding import check_tp_size
-from minillm.calibration.smoothquant import calibrate_cached
-from minillm.calibration.smoothquant import attach, calibrate_cached
 from minillm.loading.gguf_file import GGUFFile
+from minillm.loading.sources import GGUFSource, SafetensorsSource
 from minillm.loading.tokenizer import Tokenizer
+from minillm.models.llama import LlamaModel
+from minillm.quant.policy import apply_quantization, check_quantization, wants_calibration
 
 SUPPORTED_ARCHS = ("llama", "mistral")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

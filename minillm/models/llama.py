@@ -14,15 +14,15 @@ from torch import nn
 
 from minillm import interfaces
 from minillm.config import ModelConfig
+from minillm.distributed.comm import Communicator
 from minillm.distributed.sharding import shard_config
 from minillm.kernels.cpu_decode import DecodeWeights, LayerWeights
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
+from minillm.layers.linear import (MEGATRON, SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                                   Quantizable, RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
 from minillm.layers.norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding, apply_rotary
-from minillm.distributed.comm import Communicator
-from minillm.layers.linear import (MEGATRON, SINGLE, MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
-                                     Quantizable, RowParallelLinear, VocabParallelEmbedding, as_source, gather_logits)
 from minillm.quant.formats import QuantizedWeight, QuantSpec
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minillm.config import ModelConfig
 from minillm.catalog import lookup, param_groups
+from minillm.config import ModelConfig
 
 
 def weight_bytes(num_params: float, bits: float, group_size: int | None = None, scale_bits: int = 16) -> float:

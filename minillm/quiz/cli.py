@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import TextIO
 
 from minillm.quiz.bank import LABS, LEVELS, PLANNED_TOPICS, Bank, BankError, SelectionError, load_bank
-from minillm.quiz.store import data_path
-from minillm.quiz.export import FORMATS
-from minillm.quiz.store import reset
-from minillm.quiz.export import to_anki_csv, to_markdown
-from minillm.quiz.session import QuizSession
-from minillm.quiz.store import ScheduleStore
-from minillm.quiz.style import Style
 from minillm.quiz.coverage import coverage
+from minillm.quiz.export import FORMATS, to_anki_csv, to_markdown
+from minillm.quiz.session import QuizSession
+from minillm.quiz.store import ScheduleStore, data_path, reset
+from minillm.quiz.style import Style
 
 DESCRIPTION = """\
 Rehearse the interview questions in questions/ (one YAML file per topic, each question tied to the

@@ -10,9 +10,9 @@ import math
 import re
 from typing import Any, Callable
 
+from minillm.catalog import hardware_spec, model_shape, param_groups
 from minillm.fleet import estimator as est
 from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
-from minillm.catalog import hardware_spec, model_shape, param_groups
 from minillm.quant.memory import checkpoint_bytes, weight_bytes
 from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
 

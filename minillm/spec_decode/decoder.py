@@ -11,11 +11,9 @@ k per sequence is capped so that a step never emits past max_tokens and never wr
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Collection, Mapping, Optional
 
 import torch
-
-from typing import Any, Collection, Mapping
 
 from minillm import interfaces
 from minillm.config import SpeculativeConfig
