@@ -138,7 +138,7 @@ def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str 
                 parts.append(out.delta_text)
                 if out.finished:
                     reason = out.outputs[0].finish_reason
-                if out.finished and engine.spec is not None:
+                if out.finished and engine.spec.stats is not None:
                     _print_spec(out.metrics.spec, len(out.token_ids))
                 if out.finished and params.structured_outputs is not None and reason == "length":
                     print(f"\n[the output reached --max-tokens {params.max_tokens} before the "

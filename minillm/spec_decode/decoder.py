@@ -28,6 +28,7 @@ Sequence = Any
 
 class NoSpeculation:
     """The engine's speculator when speculative decoding is off: no guesses, nothing to verify or forget."""
+    proposer = None
     stats = None
 
     def propose(self, running: list[Sequence], max_model_len: int) -> None:
