@@ -235,9 +235,26 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def time_limit_scale() -> str:
+    """MINILLM_TIME_LIMIT_SCALE as written (the graders parse it and say what is wrong with it): multiplies every
+    check's time limit."""
+    return os.environ.get("MINILLM_TIME_LIMIT_SCALE", "").strip()
+
+
+def keep_hypothesis_out_of_the_notebook(directory: str) -> None:
+    """Hypothesis writes `.hypothesis/` into the working directory (even with database=None): inside a notebook,
+    the lab folder. Point it at `directory` unless the user chose one (hypothesis reads this lazily)."""
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", directory)
+
+
 def child_env(**changes: str) -> dict[str, str]:
     """This process's environment with `changes`, for a child process (a compile, a grader's sandbox)."""
     return {**os.environ, **changes}
+
+
+def python_path() -> list[str]:
+    """PYTHONPATH's entries (for a child process that must import what this one does)."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def questions_dir() -> Path | None:

@@ -2,10 +2,11 @@
 
 The graders' oracles are built from these pieces (a contiguous K/V to check paged attention against, a simulated
 KV pool that records what every write stored), so tests and graders check the same things the same way.
-Everything here reads the object under test through its public interface, with exact types (minillm.grading.core)."""
+Everything here reads the object under test through its public interface, with exact types (minillm.verdict)."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -13,9 +14,12 @@ from typing import Optional, Sequence
 import torch
 from hypothesis import strategies as st
 
-from minillm.grading.core import as_int, as_ints, fail
+from minillm.config import ModelConfig
 from minillm.kv.block_allocator import NoFreeBlocksError
-
+from minillm.loading.export import hf_config, hf_state
+from minillm.loading.tokenizer import Tokenizer, _bytes_to_unicode
+from minillm.models.llama import LlamaModel
+from minillm.verdict import as_int, as_ints, fail, seal
 
 # --------------------------------------------------------------------------- tiny random models
 
@@ -23,8 +27,6 @@ def random_model(seed: int = 0, heads: int = 4, kv_heads: int = 2, head_dim: int
                  vocab: int = 128, tie: bool = False, dtype=torch.float32, max_pos: int = 512):
     """A minillm LlamaModel with random weights, wide enough that greedy outputs notice a wrong KV cache.
     Leaves torch's global RNG as it found it."""
-    from minillm.config import ModelConfig
-    from minillm.models.llama import LlamaModel
     cfg = ModelConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=3 * heads * head_dim,
                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                       max_position_embeddings=max_pos, tie_word_embeddings=tie, eos_token_id=2)
@@ -532,7 +534,6 @@ def tiny_tokenizer():
     steps (multi-byte tokens: one JSON piece, a whole 'é' or '中'), then '<eos>' (special). Pair with
     random_model(vocab=tiny_tokenizer().vocab_size)."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
-    from minillm.loading.tokenizer import Tokenizer, _bytes_to_unicode
     spell = _bytes_to_unicode()
     vocab = {spell[b]: b for b in range(256)}
     merges = []
@@ -555,9 +556,9 @@ def save_model_dir(model, path) -> "Path":
     tokenizer's tokenizer.json), so anything that takes a model path — LLM(...), parallel engines whose ranks
     each load their own slice, the CLI — can run a tiny random model."""
     import json
-    from pathlib import Path
+
+
     from safetensors.torch import save_file
-    from minillm.loading.export import hf_config, hf_state
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     c = model.cfg
@@ -568,5 +569,4 @@ def save_model_dir(model, path) -> "Path":
     return path
 
 
-from minillm.grading.core import seal  # noqa: E402
 seal(globals())

@@ -18,7 +18,9 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
+from minillm.grading.core import (Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property,
+                                  seal)
+from minillm.models.llama import LlamaModel
 
 __all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3", "TASKS"]
 
@@ -39,7 +41,6 @@ def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
     """Sum over the linear layers of a minillm model built from cfg: every decoder matmul sees num_tokens rows,
     the LM head (the embedding matrix when tied) num_logits rows."""
     with torch.device("meta"):
-        from minillm.models.llama import LlamaModel
         model = LlamaModel(cfg)
     flops = nbytes = 0
     for layer in model.layers:

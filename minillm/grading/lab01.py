@@ -22,6 +22,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
 from minillm.grading.core import Hint, Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property, seal
+from minillm.kv.cache import KVCache
 
 __all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3", "TASKS", "reference_attend"]
 
@@ -179,7 +180,6 @@ _DTYPE_OF_BYTES = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
 def kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes):
     """What a KV cache of this shape allocates: minillm's KVCache built on the meta device (no memory)."""
-    from minillm.kv.cache import KVCache
     cache = KVCache(cfg, num_blocks=batch_size, block_size=seq_len, dtype=_DTYPE_OF_BYTES[dtype_bytes],
                     device="meta")
     return cache.nbytes

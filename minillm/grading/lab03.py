@@ -28,6 +28,7 @@ import tempfile
 import torch
 from hypothesis import example, given, strategies as st
 
+from minillm import config
 from minillm.grading.core import (NOT_IMPLEMENTED, GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
                                   minillm_objects, reject_delegation, run_property, seal)
 from minillm.testing import PagedCase, make_paged_case
@@ -662,8 +663,7 @@ def verify_lab03_3(kernel):
         with open(src_path, "w") as f:
             f.write(src)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, TRITON_INTERPRET="1",
-                   PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        env = config.child_env(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([root] + config.python_path()))
         with open(os.path.join(tmp, "stderr"), "w") as err:     # a file: a chatty child never blocks on a pipe
             proc = subprocess.Popen([sys.executable, "-c", _CHILD, src_path, kernel.fn.__name__, result_path,
                                      progress_path], env=env, cwd=tmp, stdin=subprocess.DEVNULL,

@@ -33,10 +33,13 @@ from dataclasses import dataclass
 import torch
 from hypothesis import example, given, strategies as st
 
+from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine.simple import SimpleGenerator
 from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, is_library_file,
                                   minillm_objects, run_property, seal, time_limit)
+from minillm.sampling.params import SamplingParams
 from minillm.testing import tiny_model
 
 __all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "TASKS", "fcfs_step", "Case", "make_case",
@@ -195,8 +198,6 @@ def _guarded(seconds: float):
 @functools.lru_cache(maxsize=4096)
 def _alone(prompt: tuple, max_tokens: int) -> tuple:
     """The truth: the request generated on its own, greedily, with a contiguous cache."""
-    from minillm.engine.simple import SimpleGenerator
-    from minillm.sampling.params import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return tuple(SimpleGenerator(tiny_model(), None).generate(list(prompt), params)[1])
 
@@ -237,7 +238,6 @@ def run_case(cls, case: Case, *, time_limit: float = TIME_LIMIT_S) -> list:
     and the rules, then the outputs and the pool. Returns the steps (StepRecords); raises GradingError at the first
     thing wrong."""
     __tracebackhide__ = True
-    from minillm.engine.llm_engine import LLMEngine
     engine = LLMEngine.from_model(tiny_model(), None, block_size=case.block_size, num_blocks=case.num_blocks,
                                   max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.budget,
                                   enable_prefix_caching=case.prefix_caching, attention_backend="torch")
@@ -255,7 +255,6 @@ def run_case(cls, case: Case, *, time_limit: float = TIME_LIMIT_S) -> list:
 
 def _drive(engine, cls, case: Case) -> list:
     __tracebackhide__ = True
-    from minillm.sampling.params import SamplingParams
     try:
         sched = cls(engine.scheduler.config, engine.block_manager)
         engine.plug(scheduler=sched)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from types import MappingProxyType
@@ -29,6 +28,7 @@ from typing import Optional, Sequence
 
 from hypothesis import example, given, strategies as st
 
+from minillm import config
 from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, diagnose, fail, minillm_objects, \
     run_property, seal
 from minillm.interfaces import CachedBlock
@@ -155,7 +155,7 @@ def _check_cross_process(hash_block) -> None:
              f"there ({type(e).__name__}: {e})", how)
     for seed in ("1", "2"):
         r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(_PROCESS_INPUTS)], input=payload,
-                           capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+                           capture_output=True, env=config.child_env(PYTHONHASHSEED=seed), timeout=120)
         lines = [ln for ln in r.stdout.decode(errors="replace").splitlines() if ln.startswith("RESULT ")]
         if not lines:
             err = (r.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
