@@ -252,6 +252,14 @@ def child_env(**changes: str) -> dict[str, str]:
     return {**os.environ, **changes}
 
 
+def gpu_compile_env() -> dict[str, str]:
+    """The environment for a child process that compiles Triton kernels for a GPU target: this one's, without
+    TRITON_INTERPRET (triton would otherwise hand back the interpreter's kernels)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9's default; silences a warning
+    return env
+
+
 def python_path() -> list[str]:
     """PYTHONPATH's entries (for a child process that must import what this one does)."""
     return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

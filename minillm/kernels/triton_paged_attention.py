@@ -51,6 +51,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from minillm import config
+
 if TYPE_CHECKING:
     import torch
 
@@ -591,9 +593,7 @@ def _aot_compile_subprocess(jobs: list, source: str | None, fn_name: str, timeou
     import sys
     import tempfile
 
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9's default; silences a warning
+    env = config.gpu_compile_env()
     with tempfile.TemporaryDirectory() as tmp:
         jobs_path = os.path.join(tmp, "jobs.json")
         out_path = os.path.join(tmp, "out.json")

@@ -14,7 +14,6 @@ sm80/sm90 ahead of time (`aot_compile`), which catches code that only the interp
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minillm import config
 from minillm.quant.formats import QuantizedWeight
 
 try:
@@ -97,7 +97,7 @@ if _HAS_TRITON:
 
 def triton_available() -> bool:
     """The kernel can run here: triton with a CUDA GPU, or the interpreter (TRITON_INTERPRET=1 set before import)."""
-    return _HAS_TRITON and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+    return _HAS_TRITON and (torch.cuda.is_available() or config.triton_interpret())
 
 
 @dataclass(frozen=True)
@@ -194,11 +194,10 @@ def aot_compile(jobs: list[tuple[int, str, str]]) -> dict:
     if not _HAS_TRITON:
         raise RuntimeError("triton is not installed")
     jobs = [(int(j[0]), str(j[1]), str(j[2]), int(j[3]) if len(j) > 3 else 1) for j in jobs]
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not config.triton_interpret():
         return {job: _compile(*job) for job in jobs}
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-m", "minillm.kernels.triton_qgemm", json.dumps(jobs)],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=config.gpu_compile_env())
     if done.returncode != 0:
         raise RuntimeError(f"compiling {KERNEL_NAME} failed:\n{done.stderr.strip()[-2000:]}")
     return dict(zip(jobs, json.loads(done.stdout)))
