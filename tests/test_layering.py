@@ -52,7 +52,6 @@ FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
 LAZY_ALLOWED: dict[tuple[str, str], str] = {
     ("minillm.layers.linear", "minillm.kernels.triton_qgemm"): "imports triton; only CUDA tensors take this path",
     ("minillm.layers.attention", "minillm.kernels.triton_paged_attention"): "imports triton; only the triton backend",
-    ("minillm.grading.lab03", "minillm.kernels.triton_paged_attention"): "imports triton; only lab03's GPU compile",
     ("minillm", "minillm.llm"): "PEP 562 __getattr__: `import minillm` for SamplingParams stays free of torch",
     ("minillm.cli", "importlib"): "each subcommand's module loads on use, so --help and flag checks never import torch",
 }

@@ -18,6 +18,7 @@ pytest.importorskip("triton")
 from hypothesis import Phase, given, settings, strategies as st  # noqa: E402
 
 from minillm.kernels.paged_attention_ref import paged_attention_decode_ref  # noqa: E402
+from minillm.testing import make_paged_case  # noqa: E402
 from minillm.kernels.triton_paged_attention import (  # noqa: E402
     INT8_KERNEL_NAME,
     KERNEL_NAME,
@@ -35,50 +36,14 @@ DEVICE = "cuda" if (torch.cuda.is_available() and os.environ.get("TRITON_INTERPR
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 
-def make_paged_case(seq_lens, H, KVH, D, block_size, dtype, seed, share_prefix=False,
-                    extra_blocks=3, fill=0.0, pad_with=0):
-    """Random contiguous per-sequence K/V, scattered into a shuffled paged cache.
-
-    Returns (q, k_cache, v_cache, block_tables, seq_lens, dense_k, dense_v) where
-    dense_k[s] / dense_v[s] are [n_s, KVH, D] contiguous copies (the ground truth).
-    With share_prefix, every sequence that is long enough reuses sequence 0's first full
-    block (same physical block, same contents) - prefix sharing as in a real cache.
-    Unused cache slots are filled with `fill`; block-table padding with `pad_with`.
-    """
-    g = torch.Generator().manual_seed(seed)
-    S = len(seq_lens)
-    nblk = [(n + block_size - 1) // block_size for n in seq_lens]
-    shared = [
-        share_prefix and s > 0 and seq_lens[0] >= block_size and seq_lens[s] > block_size
-        for s in range(S)
-    ]
-    n_phys = sum(nblk) - sum(shared) + extra_blocks
-    perm = torch.randperm(n_phys, generator=g).tolist()  # physical ids, shuffled
-    max_blocks = max(nblk) + 1  # +1: a padding column past every sequence's end
-    block_tables = torch.full((S, max_blocks), pad_with, dtype=torch.int32)
-    for s in range(S):
-        for b in range(nblk[s]):
-            block_tables[s, b] = block_tables[0, 0] if (b == 0 and shared[s]) else perm.pop()
-
-    k_cache = torch.full((n_phys, block_size, KVH, D), fill, dtype=torch.float32)
-    v_cache = torch.full((n_phys, block_size, KVH, D), fill, dtype=torch.float32)
-    dense_k, dense_v = [], []
-    for s, n in enumerate(seq_lens):
-        k = torch.randn(n, KVH, D, generator=g)
-        v = torch.randn(n, KVH, D, generator=g)
-        if shared[s]:
-            k[:block_size], v[:block_size] = dense_k[0][:block_size], dense_v[0][:block_size]
-        dense_k.append(k)
-        dense_v.append(v)
-        for t in range(n):
-            phys = int(block_tables[s, t // block_size])
-            k_cache[phys, t % block_size] = k[t]
-            v_cache[phys, t % block_size] = v[t]
-    q = torch.randn(S, H, D, generator=g)
-    cast = lambda x: x.to(dtype).to(DEVICE)  # noqa: E731
-    return (cast(q), cast(k_cache), cast(v_cache), block_tables.to(DEVICE),
-            torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-            [cast(k) for k in dense_k], [cast(v) for v in dense_v])
+def paged_case(seq_lens, H, KVH, D, block_size, dtype, seed, share_prefix=False, extra_blocks=3, fill=0.0):
+    """minillm.testing.make_paged_case as a tuple on DEVICE: (q, k_cache, v_cache, block_tables, seq_lens, dense_k,
+    dense_v), the caches contiguous [num_blocks, block_size, KVH, D] with `fill` in every slot no sequence owns."""
+    c = make_paged_case(seq_lens, H, KVH, D, block_size, seed, layout="blocks", share_prefix=share_prefix,
+                        poison=fill, dtype=dtype, extra_blocks=extra_blocks)
+    dev = lambda x: x.to(DEVICE)  # noqa: E731
+    return (dev(c.q), dev(c.k_cache), dev(c.v_cache), dev(c.block_tables), dev(c.seq_lens),
+            [dev(k) for k in c.dense_k], [dev(v) for v in c.dense_v])
 
 
 def dense_attention(q, dense_k, dense_v, scale):
@@ -115,7 +80,7 @@ def assert_close(a, b, atol):
 )
 def test_matches_reference_and_dense(dtype, heads, D, block_size, seq_lens, share_prefix, seed):
     H, KVH = heads
-    q, kc, vc, bt, sl, dk, dv = make_paged_case(seq_lens, H, KVH, D, block_size, dtype, seed,
+    q, kc, vc, bt, sl, dk, dv = paged_case(seq_lens, H, KVH, D, block_size, dtype, seed,
                                                 share_prefix=share_prefix)
     scale = D ** -0.5
     out = paged_attention_decode_triton(q, kc, vc, bt, sl, scale)
@@ -134,7 +99,7 @@ def test_reads_only_own_blocks(dtype, fill):
     last block, and the block-table padding (pointing at a poisoned block)."""
     seq_lens = [5, 16, 1, 23]  # ragged tails, an exact multiple, a single token
     H, KVH, D, bs = 6, 2, 32, 8
-    q, kc, vc, bt, sl, dk, dv = make_paged_case(seq_lens, H, KVH, D, bs, dtype, seed=7,
+    q, kc, vc, bt, sl, dk, dv = paged_case(seq_lens, H, KVH, D, bs, dtype, seed=7,
                                                 extra_blocks=4, fill=fill)
     poisoned = sorted(set(range(kc.shape[0])) - set(
         int(bt[s, b]) for s, n in enumerate(seq_lens) for b in range((n + bs - 1) // bs)))
@@ -152,13 +117,13 @@ def test_reads_only_own_blocks(dtype, fill):
 @pytest.mark.parametrize("D", [48, 80])
 def test_non_pow2_head_dim_and_group3(D):
     seq_lens = [33, 7, 40]
-    q, kc, vc, bt, sl, dk, dv = make_paged_case(seq_lens, 6, 2, D, 16, torch.float32, seed=D)
+    q, kc, vc, bt, sl, dk, dv = paged_case(seq_lens, 6, 2, D, 16, torch.float32, seed=D)
     out = paged_attention_decode_triton(q, kc, vc, bt, sl, D ** -0.5)
     assert_close(out, dense_attention(q, dk, dv, D ** -0.5), 1e-5)
 
 
 def test_zero_length_sequence_gives_zeros():
-    q, kc, vc, bt, sl, _, _ = make_paged_case([3, 9], 4, 2, 16, 4, torch.float32, seed=1)
+    q, kc, vc, bt, sl, _, _ = paged_case([3, 9], 4, 2, 16, 4, torch.float32, seed=1)
     sl[0] = 0
     out = paged_attention_decode_triton(q, kc, vc, bt, sl, 0.25)
     assert torch.equal(out[0], torch.zeros_like(out[0]))

@@ -18,8 +18,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import (Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property,
-                                  seal)
+from minillm.grading.core import Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
 from minillm.models.llama import LlamaModel
 
 __all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3", "TASKS"]

@@ -31,16 +31,13 @@ from hypothesis import example, given, strategies as st
 from minillm import config
 from minillm.grading.core import (NOT_IMPLEMENTED, GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
                                   minillm_objects, reject_delegation, run_property, seal)
+from minillm.kernels.triton_paged_attention import KernelCompileError, compile_for_gpu_target, kernel_source, next_pow2
 from minillm.testing import PagedCase, make_paged_case
 
 __all__ = ["check_lab03_1", "check_lab03_2", "check_lab03_3", "TASKS", "launch_paged_attention", "dense_decode_ref",
            "softmax_state_ref", "next_pow2", "run_kernel_check"]
 
 _NAN = float("nan")
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def _describe_case(c: PagedCase) -> str:
@@ -649,7 +646,7 @@ def verify_lab03_3(kernel):
     """The kernel's property in the interpreter (in a child process) and, meanwhile, its AOT compile for sm80 with
     the engine's compile_for_gpu_target; the property's verdict comes first."""
     __tracebackhide__ = True
-    from minillm.kernels.triton_paged_attention import KernelCompileError, compile_for_gpu_target, kernel_source
+
     try:
         src = kernel_source(kernel.fn)
     except Exception as e:  # noqa: BLE001

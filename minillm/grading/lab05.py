@@ -33,11 +33,10 @@ from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, chec
     run_property, seal
 from minillm.interfaces import CachedBlock
 from minillm.kv.block_manager import BlockManager
+from minillm.kv.prefix_cache import HASH_MASK
 
 __all__ = ["check_lab05_1", "check_lab05_2", "check_lab05_3", "TASKS", "CachedBlock", "build_cache",
            "reference_hash", "reference_find_cached_prefix"]
-
-_MASK128 = (1 << 128) - 1
 
 
 # --------------------------------------------------------------------------- lab05_1 hash_block
@@ -175,7 +174,7 @@ def _check_cross_process(hash_block) -> None:
 
 def verify_lab05_1(hash_block):
     h = _hasher(hash_block)
-    parents = st.none() | st.integers(1, _MASK128)
+    parents = st.none() | st.integers(1, HASH_MASK)
 
     @given(parent=parents, tokens=st.lists(st.integers(0, 200_000), min_size=1, max_size=16),
            kind=st.sampled_from(sorted(_MUTATION_WHY)), i=st.integers(0, 15), j=st.integers(0, 15),

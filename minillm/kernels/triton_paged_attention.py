@@ -290,7 +290,7 @@ else:  # pragma: no cover
     _INTERPRETED = False
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
@@ -363,8 +363,8 @@ def paged_attention_decode_triton(
             v_scale.stride(0), v_scale.stride(1), v_scale.stride(2),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=_next_pow2(group),
-            HEAD_DIM=D, D_PAD=_next_pow2(D),
+            GROUP=group, GROUP_PAD=next_pow2(group),
+            HEAD_DIM=D, D_PAD=next_pow2(D),
             BLOCK_SIZE=block_size,
         )
         return out
@@ -376,8 +376,8 @@ def paged_attention_decode_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=_next_pow2(group),
-        HEAD_DIM=D, D_PAD=_next_pow2(D),
+        GROUP=group, GROUP_PAD=next_pow2(group),
+        HEAD_DIM=D, D_PAD=next_pow2(D),
         BLOCK_SIZE=block_size,
     )
     return out
@@ -450,8 +450,8 @@ def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group
         }
     jit = JITFunction(fn)
     constexprs = {
-        "GROUP": group, "GROUP_PAD": _next_pow2(group),
-        "HEAD_DIM": head_dim, "D_PAD": _next_pow2(head_dim),
+        "GROUP": group, "GROUP_PAD": next_pow2(group),
+        "HEAD_DIM": head_dim, "D_PAD": next_pow2(head_dim),
         "BLOCK_SIZE": block_size,
     }
     for name in constexprs:

@@ -19,9 +19,9 @@ from typing import Iterator, Optional, Sequence
 
 from minillm.interfaces import CachedBlock, HashFn
 
-__all__ = ["CachedBlock", "LRUEvictor", "PrefixCacheStats", "default_hash_fn", "find_cached_prefix"]
+__all__ = ["CachedBlock", "HASH_MASK", "LRUEvictor", "PrefixCacheStats", "default_hash_fn", "find_cached_prefix"]
 
-_MASK128 = (1 << 128) - 1
+HASH_MASK = (1 << 128) - 1   # block hashes are 128-bit: a parent hash is taken modulo 2**128
 
 
 def default_hash_fn(parent: int | None, tokens: Sequence[int]) -> int:
@@ -41,7 +41,7 @@ def default_hash_fn(parent: int | None, tokens: Sequence[int]) -> int:
         h.update(b"\x00")
     else:
         h.update(b"\x01")
-        h.update((parent & _MASK128).to_bytes(16, "little"))
+        h.update((parent & HASH_MASK).to_bytes(16, "little"))
     try:
         h.update(array("q", tokens).tobytes())
     except OverflowError:  # token ids beyond int64: fall back to a length-prefixed encoding
