@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from minillm.config import EngineConfig
 from minillm.engine.outputs import RequestOutput
 from minillm.engine.prompt import build_prompt_ids
-from minillm.executor.launch import start_engine
+from minillm.executor import launch
 from minillm.interfaces import TensorParallelRules, missing_members
 from minillm.sampling.params import SamplingParams
 
@@ -33,7 +33,7 @@ class LLM:
                 raise TypeError(f"tp_rules: a {type(tp_rules).__name__} lacks "
                                 f"{', '.join(missing_members(tp_rules, TensorParallelRules))} of "
                                 "minillm.interfaces.TensorParallelRules")
-        self.loaded, self.engine = start_engine(model, config, rules=tp_rules)
+        self.loaded, self.engine = launch.start_engine(model, config, rules=tp_rules)
 
     def close(self) -> None:
         """Stop the worker ranks of a parallel engine (a no-op for one process)."""

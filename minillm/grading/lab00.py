@@ -13,6 +13,7 @@ answer disagrees, the usual mistakes are recognised to give a precise hint.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 from hypothesis import example, given, strategies as st
@@ -30,13 +31,13 @@ SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_la
 
 # --------------------------------------------------------------------------- oracles
 
-def linear_flops_bytes_ref(num_tokens, d_in, d_out, dtype_bytes):
+def linear_flops_bytes_ref(num_tokens: int, d_in: int, d_out: int, dtype_bytes: int) -> tuple[int, int]:
     """Y[T, d_out] = X[T, d_in] @ W[d_out, d_in]^T: one multiply + one add per weight per token;
     bytes = read W once + read X + write Y."""
     return 2 * num_tokens * d_in * d_out, dtype_bytes * (d_in * d_out + num_tokens * d_in + num_tokens * d_out)
 
 
-def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
+def model_flops_bytes_ref(cfg: ModelConfig, num_tokens: int, num_logits: int, dtype_bytes: int) -> tuple[int, int]:
     """Sum over the linear layers of a minillm model built from cfg: every decoder matmul sees num_tokens rows,
     the LM head (the embedding matrix when tied) num_logits rows."""
     with torch.device("meta"):
@@ -53,18 +54,18 @@ def model_flops_bytes_ref(cfg, num_tokens, num_logits, dtype_bytes):
     return flops + f, nbytes + b
 
 
-def roofline_time_ref(flops, nbytes, peak_flops, bandwidth):
+def roofline_time_ref(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
     """It can't compute faster than peak, nor move bytes faster than the bandwidth; at best both overlap."""
     return max(flops / peak_flops, nbytes / bandwidth)
 
 
 # --------------------------------------------------------------------------- reading answers
 
-def _close(a, b, rel=1e-9):
+def _close(a: float, b: float, rel: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
-def _pair(result, fn_name):
+def _pair(result: Any, fn_name: str) -> tuple[float, float]:
     __tracebackhide__ = True
     if type(result) not in (tuple, list) or len(result) != 2:
         fail(f"{fn_name} must return a pair (flops, bytes); it returned {type(result).__name__} {result!r:.80}",
@@ -72,7 +73,7 @@ def _pair(result, fn_name):
     return as_float(result[0], f"{fn_name}'s flops"), as_float(result[1], f"{fn_name}'s bytes")
 
 
-def _same_pair(a, b):
+def _same_pair(a: Any, b: tuple[float, float]) -> bool:
     try:
         return type(a) in (tuple, list) and len(a) == 2 and _close(float(a[0]), b[0]) and _close(float(a[1]), b[1])
     except (TypeError, ValueError):
@@ -106,11 +107,11 @@ _LINEAR_MISTAKES = [
 ]
 
 
-def verify_lab00_1(linear_flops_bytes):
+def verify_lab00_1(linear_flops_bytes: Callable[..., Any]) -> None:
     @given(num_tokens=_tokens, d_in=_dims, d_out=_dims, dtype_bytes=_dtype_bytes)
     @example(num_tokens=1, d_in=576, d_out=1536, dtype_bytes=2)
     @example(num_tokens=512, d_in=576, d_out=1536, dtype_bytes=4)
-    def prop(num_tokens, d_in, d_out, dtype_bytes):
+    def prop(num_tokens: int, d_in: int, d_out: int, dtype_bytes: int) -> None:
         args = (num_tokens, d_in, d_out, dtype_bytes)
         got = _pair(linear_flops_bytes(*args), "linear_flops_bytes")
         ref = linear_flops_bytes_ref(*args)
@@ -131,7 +132,7 @@ def verify_lab00_1(linear_flops_bytes):
 # --------------------------------------------------------------------------- lab00_2
 
 @st.composite
-def _configs(draw):
+def _configs(draw: st.DrawFn) -> ModelConfig:
     kv_heads = draw(st.integers(1, 8))
     heads = kv_heads * draw(st.integers(1, 4))
     head_dim = draw(st.sampled_from([8, 16, 32, 64, 128]))
@@ -143,8 +144,9 @@ def _configs(draw):
                        tie_word_embeddings=draw(st.booleans()))
 
 
-def _matmuls(cfg, T, n, *, kv_heads=None, mlp_mats=2, head_tokens=None, fused_qkv=True, layers=None,
-             q_width=None, with_o_proj=True, with_head=True):
+def _matmuls(cfg: ModelConfig, T: int, n: int, *, kv_heads: int | None = None, mlp_mats: int = 2,
+             head_tokens: int | None = None, fused_qkv: bool = True, layers: int | None = None,
+             q_width: int | None = None, with_o_proj: bool = True, with_head: bool = True) -> list[tuple[int, ...]]:
     """A forward pass's matmuls with one knob turned to a classic mistake (for diagnosis only)."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     q = cfg.num_heads * cfg.head_dim if q_width is None else q_width
@@ -155,8 +157,8 @@ def _matmuls(cfg, T, n, *, kv_heads=None, mlp_mats=2, head_tokens=None, fused_qk
     return layer * (cfg.num_layers if layers is None else layers) + head
 
 
-def _mistake(**kw):
-    def wrong(cfg, T, n, b):
+def _mistake(**kw: Any) -> Callable[..., tuple[int, int]]:
+    def wrong(cfg: ModelConfig, T: int, n: int, b: int) -> tuple[int, int]:
         parts = [linear_flops_bytes_ref(t, i, o, b) for t, i, o in _matmuls(cfg, T, n, **kw)]
         return sum(f for f, _ in parts), sum(x for _, x in parts)
     return wrong
@@ -184,14 +186,14 @@ _MODEL_MISTAKES = [
 ]
 
 
-def verify_lab00_2(model_flops_bytes):
+def verify_lab00_2(model_flops_bytes: Callable[..., Any]) -> None:
     @given(cfg=_configs(), num_tokens=st.integers(1, 2048), num_logits=st.integers(1, 8),
            dtype_bytes=_dtype_bytes)
     @example(cfg=ModelConfig(**SMOLLM2), num_tokens=1, num_logits=1, dtype_bytes=4)
     @example(cfg=ModelConfig(**SMOLLM2), num_tokens=256, num_logits=1, dtype_bytes=2)
     @example(cfg=ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=300, num_layers=2, num_heads=4,
                              num_kv_heads=2, head_dim=128), num_tokens=3, num_logits=2, dtype_bytes=2)
-    def prop(cfg, num_tokens, num_logits, dtype_bytes):
+    def prop(cfg: ModelConfig, num_tokens: int, num_logits: int, dtype_bytes: int) -> None:
         args = (cfg, num_tokens, min(num_logits, num_tokens), dtype_bytes)
         got = _pair(model_flops_bytes(*args), "model_flops_bytes")
         ref = model_flops_bytes_ref(*args)
@@ -231,11 +233,11 @@ _ROOF_MISTAKES = [
 ]
 
 
-def verify_lab00_3(roofline_time):
+def verify_lab00_3(roofline_time: Callable[..., Any]) -> None:
     @given(flops=_pos, nbytes=_pos, peak_flops=st.floats(1e9, 1e16), bandwidth=st.floats(1e9, 1e13))
     @example(*_ROOF_PROBES[0])
     @example(*_ROOF_PROBES[1])
-    def prop(flops, nbytes, peak_flops, bandwidth):
+    def prop(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> None:
         args = (flops, nbytes, peak_flops, bandwidth)
         got = as_float(roofline_time(*args), "roofline_time's result")
         ref = roofline_time_ref(*args)
@@ -255,7 +257,7 @@ def verify_lab00_3(roofline_time):
 
 # --------------------------------------------------------------------------- the tasks
 
-def _task(k: int, name: str, verify, oracle) -> Task:
+def _task(k: int, name: str, verify: Callable[[Any], None], oracle: Callable[..., Any]) -> Task:
     return Task(f"lab00_{k}", what=name, verify=verify, engine=minillm_objects(f"minillm.bench.roofline:{name}"),
                 oracles=lambda: [oracle], form=function_answer(name))
 
@@ -264,13 +266,11 @@ TASKS = {t.id: t for t in (_task(1, "linear_flops_bytes", verify_lab00_1, linear
                            _task(2, "model_flops_bytes", verify_lab00_2, model_flops_bytes_ref),
                            _task(3, "roofline_time", verify_lab00_3, roofline_time_ref))}
 
-
 check_lab00_1 = TASKS["lab00_1"].checker(
     'linear_flops_bytes(num_tokens, d_in, d_out, dtype_bytes) -> (flops, bytes) for Y = X @ W.T.')
 check_lab00_2 = TASKS["lab00_2"].checker(
     'model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass.')
 check_lab00_3 = TASKS["lab00_3"].checker(
     'roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take.')
-
 
 seal(globals())

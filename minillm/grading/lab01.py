@@ -16,6 +16,7 @@ memory by one sequence's cache.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 from hypothesis import example, given, strategies as st
@@ -27,19 +28,18 @@ from minillm.kv.cache import KVCache
 __all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3", "TASKS", "reference_attend"]
 
 
-def _cfg(layers, heads, kv_heads, head_dim, hidden=None):
+def _cfg(layers: int, heads: int, kv_heads: int, head_dim: int, hidden: int | None = None) -> ModelConfig:
     return ModelConfig(vocab_size=1000, hidden_size=hidden or heads * head_dim, intermediate_size=64,
                        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
 
 
-SMOLLM2 = _cfg(30, 9, 3, 64)
-LLAMA3_8B = _cfg(32, 32, 8, 128)
-LLAMA2_70B = _cfg(80, 64, 8, 128)
+SMOLLM2, LLAMA3_8B, LLAMA2_70B = _cfg(30, 9, 3, 64), _cfg(32, 32, 8, 128), _cfg(80, 64, 8, 128)
 
 
 # --------------------------------------------------------------------------- lab01_1: attention over a cache
 
-def reference_attend(q, k, v, scale, *, kv_head_of=None, query_offset=None, strict=False):
+def reference_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, *, strict: bool = False,
+                     kv_head_of: Callable[..., int] | None = None, query_offset: int | None = None) -> torch.Tensor:
     """Dense causal attention in float64. Query i of n sits at absolute position L - n + i and sees keys
     0 .. L - n + i. The keyword arguments build the classic mistakes for diagnosis."""
     n, H, D = q.shape
@@ -60,7 +60,8 @@ def reference_attend(q, k, v, scale, *, kv_head_of=None, query_offset=None, stri
 _TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
-def _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude, dtype=torch.float32, negative=False):
+def _make_inputs(n: int, L: int, kv_heads: int, group: int, head_dim: int, seed: int, magnitude: float,
+                 dtype: torch.dtype = torch.float32, negative: bool = False) -> tuple[torch.Tensor, ...]:
     """Random q, k, v. negative=True: every score of every row is around -magnitude^2 (keys point away from the
     queries), which underflows exp() unless each row's maximum is subtracted first."""
     g = torch.Generator().manual_seed(seed)
@@ -91,8 +92,8 @@ _ATTN_MISTAKES = [
 _ATTN_PROBE_SHAPES = [(3, 7, 2, 3, 4, 11), (5, 5, 1, 4, 8, 12), (1, 6, 3, 2, 4, 13)]
 
 
-def _variant(kw):
-    def wrong(q, k, v, scale):
+def _variant(kw: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    def wrong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         opts = dict(kw)
         if "scale" in opts:
             scale = opts.pop("scale")(q.shape[-1])
@@ -100,8 +101,9 @@ def _variant(kw):
     return wrong
 
 
-def _diagnose_attend(attend, q, k, v, scale, tol):
-    def same(out, alt):
+def _diagnose_attend(attend: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     tol: float) -> str | None:
+    def same(out: Any, alt: torch.Tensor) -> bool:
         return (type(out) is torch.Tensor and out.shape == alt.shape
                 and torch.allclose(out.double(), alt.double(), atol=tol, rtol=tol))
     probes = [(q.float(), k.float(), v.float(), scale)] + [(*_make_inputs(n, L, kvh, g, d, seed, 1.0), 0.7)
@@ -109,7 +111,7 @@ def _diagnose_attend(attend, q, k, v, scale, tol):
     return diagnose(attend, [(why, _variant(kw)) for why, kw in _ATTN_MISTAKES], probes, same)
 
 
-def verify_lab01_1(attend):
+def verify_lab01_1(attend: Callable[..., Any]) -> None:
     @given(L=st.integers(1, 24), n_frac=st.floats(0.0, 1.0), kv_heads=st.integers(1, 4), group=st.integers(1, 4),
            head_dim=st.sampled_from([1, 2, 4, 8, 16]), scale=st.floats(0.05, 2.0),
            magnitude=st.sampled_from([1.0, 0.1, 30.0]), seed=st.integers(0, 2**16),
@@ -129,7 +131,8 @@ def verify_lab01_1(attend):
              dtype=torch.float32, negative=True)                                                        # ~ -1600
     @example(L=6, n_frac=0.5, kv_heads=2, group=2, head_dim=8, scale=0.5, magnitude=1.0, seed=6,       # bfloat16
              dtype=torch.bfloat16, negative=False)
-    def prop(L, n_frac, kv_heads, group, head_dim, scale, magnitude, seed, dtype, negative):
+    def prop(L: int, n_frac: float, kv_heads: int, group: int, head_dim: int, scale: float, magnitude: float, seed: int,
+             dtype: torch.dtype, negative: bool) -> None:
         n = max(1, round(n_frac * L))
         if dtype in (torch.bfloat16, torch.float16):   # ~3 digits: large scores would not be comparable
             magnitude, negative = min(magnitude, 1.0), False
@@ -178,20 +181,20 @@ def verify_lab01_1(attend):
 _DTYPE_OF_BYTES = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
 
-def kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes):
+def kv_cache_bytes_ref(cfg: ModelConfig, batch_size: int, seq_len: int, dtype_bytes: int) -> int:
     """What a KV cache of this shape allocates: minillm's KVCache built on the meta device (no memory)."""
     cache = KVCache(cfg, num_blocks=batch_size, block_size=seq_len, dtype=_DTYPE_OF_BYTES[dtype_bytes],
                     device="meta")
     return cache.nbytes
 
 
-def max_num_seqs_ref(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes):
+def max_num_seqs_ref(cfg: ModelConfig, memory_bytes: int, weight_bytes: int, seq_len: int, dtype_bytes: int) -> int:
     """Whole sequences that fit in what the weights leave free (never negative)."""
     return max(0, (memory_bytes - weight_bytes) // kv_cache_bytes_ref(cfg, 1, seq_len, dtype_bytes))
 
 
 @st.composite
-def _kv_configs(draw):
+def _kv_configs(draw: st.DrawFn) -> ModelConfig:
     kv_heads = draw(st.integers(1, 16))
     heads = kv_heads * draw(st.integers(1, 8))
     head_dim = draw(st.sampled_from([32, 64, 80, 128, 256]))
@@ -216,20 +219,19 @@ _KV_MISTAKES = [
     ("every sequence of the batch has its own cache: multiply by batch_size",
      lambda c, b, s, d: 2 * c.num_layers * c.num_kv_heads * c.head_dim * s * d),
 ]
-_KV_PROBES = [(_cfg(5, 8, 2, 128, 2048), 3, 100, 4), (_cfg(30, 9, 3, 64), 2, 7, 1),
-              (_cfg(4, 8, 4, 256, 1024), 1, 3, 2)]
+_KV_PROBES = [(_cfg(5, 8, 2, 128, 2048), 3, 100, 4), (_cfg(30, 9, 3, 64), 2, 7, 1), (_cfg(4, 8, 4, 256, 1024), 1, 3, 2)]
 
 
-def _same_number(a, b):
+def _same_number(a: Any, b: int) -> bool:
     return type(a) in (int, float) and a == b
 
 
-def verify_lab01_2(kv_cache_bytes):
+def verify_lab01_2(kv_cache_bytes: Callable[..., Any]) -> None:
     @given(cfg=_kv_configs(), batch_size=st.integers(1, 256), seq_len=st.integers(1, 131072),
            dtype_bytes=st.sampled_from([2, 1, 4]))
     @example(cfg=SMOLLM2, batch_size=1, seq_len=8192, dtype_bytes=2)
     @example(cfg=_cfg(4, 8, 4, 256, 1024), batch_size=2, seq_len=10, dtype_bytes=2)     # head_dim != hidden / heads
-    def prop(cfg, batch_size, seq_len, dtype_bytes):
+    def prop(cfg: ModelConfig, batch_size: int, seq_len: int, dtype_bytes: int) -> None:
         got = kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes)
         if type(got) is float and got.is_integer():
             got = int(got)
@@ -251,7 +253,7 @@ def verify_lab01_2(kv_cache_bytes):
         "bytes = 2 (K and V) · num_layers · num_kv_heads · head_dim · batch_size · seq_len · dtype_bytes."))
 
 
-def _per_seq(c, s, d):
+def _per_seq(c: ModelConfig, s: int, d: int) -> int:
     return kv_cache_bytes_ref(c, 1, s, d)
 
 
@@ -275,13 +277,13 @@ _SEQS_PROBES = [(LLAMA3_8B, 24 * 2**30, 15 * 2**30, 8192, 2),
                 (_cfg(4, 8, 4, 256, 1024), 10**8, 10**7, 100, 2)]
 
 
-def verify_lab01_3(max_num_seqs):
+def verify_lab01_3(max_num_seqs: Callable[..., Any]) -> None:
     @given(cfg=_kv_configs(), memory_gib=st.integers(1, 320), weight_frac=st.floats(0.0, 1.3),
            seq_len=st.integers(1, 131072), dtype_bytes=st.sampled_from([2, 1, 4]))
     @example(cfg=SMOLLM2, memory_gib=1, weight_frac=0.5, seq_len=8192, dtype_bytes=2)
     @example(cfg=LLAMA2_70B, memory_gib=80, weight_frac=1.75, seq_len=4096, dtype_bytes=2)   # 70B fp16 on 80 GB
     @example(cfg=LLAMA3_8B, memory_gib=24, weight_frac=0.625, seq_len=8192, dtype_bytes=2)   # 8B fp16 on 24 GB
-    def prop(cfg, memory_gib, weight_frac, seq_len, dtype_bytes):
+    def prop(cfg: ModelConfig, memory_gib: int, weight_frac: float, seq_len: int, dtype_bytes: int) -> None:
         memory = memory_gib * 2**30
         weights = int(weight_frac * memory)
         got = max_num_seqs(cfg, memory, weights, seq_len, dtype_bytes)
@@ -320,13 +322,11 @@ TASKS = {t.id: t for t in (
          oracles=lambda: [max_num_seqs_ref]),
 )}
 
-
 check_lab01_1 = TASKS["lab01_1"].checker(
     'attend(q [n,H,D], k [L,KVH,D], v [L,KVH,D], scale) -> [n,H,D], causal over the last n positions, GQA.')
 check_lab01_2 = TASKS["lab01_2"].checker(
     'kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache.')
 check_lab01_3 = TASKS["lab01_3"].checker(
     'max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit.')
-
 
 seal(globals())

@@ -19,6 +19,7 @@ same driver on minillm's own BlockManager.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any, Callable, Sequence
 
 from hypothesis import example, given, strategies as st
 
@@ -33,7 +34,7 @@ __all__ = ["check_lab02_1", "check_lab02_2", "check_lab02_3", "TASKS", "NoFreeBl
 
 # --------------------------------------------------------------------------- lab02_1 slot mapping
 
-def slot_table(block_table, block_size):
+def slot_table(block_table: Sequence[int], block_size: int) -> dict[int, int]:
     """Every position the table covers -> its slot, built block by block (the oracle)."""
     slots = {}
     for i, block in enumerate(block_table):
@@ -42,7 +43,7 @@ def slot_table(block_table, block_size):
     return slots
 
 
-def _range_variant(lo, hi):
+def _range_variant(lo: Callable[[int, int], int], hi: Callable[[int, int], int]) -> Callable[..., list[int]]:
     return lambda t, s, e, b: [t[p // b] * b + p % b for p in range(lo(s, e), min(hi(s, e), len(t) * b))]
 
 
@@ -68,7 +69,7 @@ _SLOT_MISTAKES = [
 _SLOT_PROBES = [([7, 2, 9, 4], 1, 14, 4), ([5, 0, 3], 3, 8, 3), ([11, 6], 2, 3, 2)]
 
 
-def _ints_or_none(out):
+def _ints_or_none(out: Any) -> list[int] | None:
     try:
         return as_ints(out, "slot_mapping's result")
     except GradingError:
@@ -76,7 +77,7 @@ def _ints_or_none(out):
 
 
 @st.composite
-def _mapping_cases(draw):
+def _mapping_cases(draw: st.DrawFn) -> tuple[list[int], int, int, int]:
     block_size = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
     # physical ids up to 2000: a byte-sized or fixed-capacity structure shows
     table = draw(st.lists(st.integers(0, draw(st.sampled_from([63, 2000]))), min_size=1, max_size=40, unique=True))
@@ -85,7 +86,7 @@ def _mapping_cases(draw):
     return table, start, draw(st.integers(start, cap)), block_size
 
 
-def verify_lab02_1(slot_mapping):
+def verify_lab02_1(slot_mapping: Callable[..., Any]) -> None:
     @given(case=_mapping_cases())
     @example(case=([3, 0, 7], 0, 12, 4))      # a whole 3-block sequence
     @example(case=([3, 0, 7], 5, 6, 4))       # one decode position in the middle block
@@ -93,7 +94,7 @@ def verify_lab02_1(slot_mapping):
     @example(case=([9, 4], 2, 2, 4))          # nothing to compute
     @example(case=([5, 2, 8], 0, 3, 1))       # block_size 1
     @example(case=([300, 257, 1999], 3, 40, 16))   # block ids above 256
-    def prop(case):
+    def prop(case: tuple[list[int], int, int, int]) -> None:
         table, start, end, bs = case
         call = f"slot_mapping({table}, start={start}, end={end}, block_size={bs})"
         try:
@@ -130,12 +131,12 @@ _ALLOC_OPS = st.lists(st.one_of(st.tuples(st.just("allocate")),
                                 st.tuples(st.just("free"), st.integers(0, 7))), max_size=24)
 
 
-def _allocator_run(cls, num_blocks, ops):
+def _allocator_run(cls, num_blocks: int, ops: Sequence[tuple[Any, ...]]) -> None:
     """Drive an allocator class through `ops` next to a model of the ref counts; assert on the first
     disagreement. ("share", k) / ("free", k) act on the k-th block handed out (k modulo their number)."""
     calls: list[str] = []
 
-    def bad(msg):
+    def bad(msg: str) -> None:
         shown = calls if len(calls) <= 30 else calls[:12] + [f"... {len(calls) - 24} more ..."] + calls[-12:]
         fail(msg, example="; ".join(shown) if shown else "(no calls)")       # the calls made, as made
 
@@ -144,7 +145,7 @@ def _allocator_run(cls, num_blocks, ops):
     model = [0] * num_blocks
     handed: list[int] = []
 
-    def compare(after):
+    def compare(after: str) -> None:
         free = as_int(a.num_free_blocks, "num_free_blocks")
         want = model.count(0)
         refs = {b: as_int(a.ref_count(b), f"ref_count({b})") for b in range(num_blocks)}
@@ -236,9 +237,7 @@ def _allocator_run(cls, num_blocks, ops):
             + (f" (block(s) {dup} twice: the pool holds duplicates)" if dup else ""))
 
 
-
-
-def verify_lab02_2(allocator_cls):
+def verify_lab02_2(allocator_cls: type) -> None:
     @given(num_blocks=st.integers(1, 6) | st.sampled_from([257, 300, 600]), ops=_ALLOC_OPS)
     @example(num_blocks=3, ops=[("allocate",), ("share", 0), ("free", 0)])               # free of a shared block
     @example(num_blocks=3, ops=[("allocate",), ("share", 0), ("free", 0), ("free", 0)])  # ... and of its last user
@@ -246,7 +245,7 @@ def verify_lab02_2(allocator_cls):
     @example(num_blocks=2, ops=[("allocate",), ("allocate",), ("allocate",)])            # pool exhausted
     @example(num_blocks=2, ops=[("allocate",), ("free", 0), ("allocate",), ("allocate",)])  # reuse after free
     @example(num_blocks=300, ops=[("allocate",)] * 3 + [("share", 2), ("free", 1)])      # ids above 256
-    def prop(num_blocks, ops):
+    def prop(num_blocks: int, ops: list[tuple[Any, ...]]) -> None:
         _allocator_run(allocator_cls, num_blocks, ops)
 
     run_property(prop, max_examples=120, hint=Hint(
@@ -374,7 +373,7 @@ def _pieces_of(cls):
     return type(cls.__name__, (cls,), {**swap, "__module__": cls.__module__}), " (" + "; ".join(notes) + ")"
 
 
-def verify_lab02_3(block_manager_cls):
+def verify_lab02_3(block_manager_cls: type) -> None:
     cls, note = _pieces_of(block_manager_cls)
 
     @given(num_blocks=st.integers(2, 10) | st.just(300), block_size=st.sampled_from([1, 2, 4]), ops=operations())
@@ -390,7 +389,7 @@ def verify_lab02_3(block_manager_cls):
     # a big pool: block ids above 256
     @example(num_blocks=300, block_size=1, ops=[("admit", [1] * 7), ("prefill", 0, 6), ("fork", 0),
                                                 ("decode", 1, 2), ("free", 0), ("decode", 1, 0)])
-    def prop(num_blocks, block_size, ops):
+    def prop(num_blocks: int, block_size: int, ops: list[tuple[Any, ...]]) -> None:
         try:
             run_operations(cls, ops, num_blocks=num_blocks, block_size=block_size, enable_prefix_caching=False)
         except GradingError as e:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import Any, Callable
 
 import torch
 from hypothesis import example, given, strategies as st
@@ -37,8 +38,6 @@ from minillm.testing import PagedCase, make_paged_case
 __all__ = ["check_lab03_1", "check_lab03_2", "check_lab03_3", "TASKS", "launch_paged_attention", "dense_decode_ref",
            "softmax_state_ref", "next_pow2", "run_kernel_check"]
 
-_NAN = float("nan")
-
 
 def _describe_case(c: PagedCase) -> str:
     bs = c.k_cache.shape[1]
@@ -46,7 +45,7 @@ def _describe_case(c: PagedCase) -> str:
     return f"seq_lens={c.seq_lens.tolist()}, block_size={bs}, block_tables={rows}, {str(c.q.dtype)[6:]}"
 
 
-def _same_bits(a, b) -> bool:
+def _same_bits(a: Any, b: torch.Tensor) -> bool:
     """Exactly a torch.Tensor equal to b: same shape and dtype, NaN where b has NaN, equal elsewhere."""
     return (type(a) is torch.Tensor and a.shape == b.shape and a.dtype == b.dtype
             and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
@@ -54,7 +53,7 @@ def _same_bits(a, b) -> bool:
 
 # --------------------------------------------------------------------------- lab03_1: gather through the table
 
-def _gather_wrong(cache, table, n, *, kind):
+def _gather_wrong(cache: torch.Tensor, table: list[int] | torch.Tensor, n: int, *, kind: str) -> torch.Tensor:
     """A gather with a classic mistake, to name the learner's (grader code: the task's oracles)."""
     bs, t, pos = cache.shape[1], torch.as_tensor(table).long(), torch.arange(n)
     rows = cache.reshape(-1, *cache.shape[2:])
@@ -81,7 +80,7 @@ _GATHER_MISTAKES = [(why, functools.partial(_gather_wrong, kind=kind)) for why, 
 ]]
 
 
-def verify_lab03_1(gather_kv):
+def verify_lab03_1(gather_kv: Callable[..., Any]) -> None:
     @given(seq_lens=st.lists(st.integers(1, 20), min_size=1, max_size=3), block_size=st.sampled_from([1, 2, 4, 8]),
            kv_heads=st.integers(1, 3), head_dim=st.sampled_from([1, 2, 4]),
            layout=st.sampled_from(["engine", "blocks"]), as_list=st.booleans(),
@@ -93,7 +92,8 @@ def verify_lab03_1(gather_kv):
     @example([7, 12], 4, 2, 2, "engine", False, torch.float16, 2, 4)          # the cache's dtype is kept
     @example([10], 2, 1, 2, "blocks", True, torch.bfloat16, 2, 5)
     @example([20, 9], 2, 1, 1, "engine", False, torch.float32, 300, 6)        # block ids above 255
-    def prop(seq_lens, block_size, kv_heads, head_dim, layout, as_list, dtype, extra_blocks, seed):
+    def prop(seq_lens: list[int], block_size: int, kv_heads: int, head_dim: int, layout: str, as_list: bool,
+             dtype: torch.dtype, extra_blocks: int, seed: int) -> None:
         c = make_paged_case(seq_lens, kv_heads, kv_heads, head_dim, block_size, seed, layout=layout, dtype=dtype,
                             extra_blocks=extra_blocks)
         cache_before = c.k_cache.clone()
@@ -128,7 +128,7 @@ def verify_lab03_1(gather_kv):
 
 # --------------------------------------------------------------------------- lab03_2: online softmax
 
-def softmax_state_ref(scores, values):
+def softmax_state_ref(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The state after all of `scores` [G, T] / `values` [T, D] at once, in float64: m = the max of each row,
     l = sum exp(score - m), acc = sum exp(score - m) * value."""
     s, v = scores.double(), values.double()
@@ -137,7 +137,8 @@ def softmax_state_ref(scores, values):
     return m, p.sum(-1), p @ v
 
 
-def _os_variant(m, l, acc, scores, values, *, kind):
+def _os_variant(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor, values: torch.Tensor, *,
+                kind: str) -> tuple[torch.Tensor, ...]:
     """One update with a classic mistake (float64), to name the learner's (grader code: the task's oracles)."""
     m, l, acc, s, v = (x.double() for x in (m, l, acc, scores, values))
     if kind == "zero_start":
@@ -178,14 +179,14 @@ def _os_probes():
             (*init, rand(2, 3) - 1e4, va)]                    # every score very negative
 
 
-def _same_state(a, b) -> bool:
+def _same_state(a: Any, b: tuple[torch.Tensor, ...]) -> bool:
     return (type(a) in (tuple, list) and len(a) == 3 and all(type(x) is torch.Tensor for x in a)
             and all(x.shape == y.shape and torch.allclose(x.double(), y, rtol=1e-6, atol=1e-9, equal_nan=True)
                     for x, y in zip(a, b)))
 
 
 @st.composite
-def _softmax_cases(draw):
+def _softmax_cases(draw: st.DrawFn) -> tuple:
     return (draw(st.integers(1, 4)), draw(st.integers(1, 5)),                  # G, D
             draw(st.lists(st.integers(1, 6), min_size=1, max_size=5)),         # the block sizes of one score row
             draw(st.sampled_from([1.0, 1.0, 5.0, 300.0])), draw(st.floats(0.0, 0.6)),       # magnitude, masked
@@ -193,7 +194,8 @@ def _softmax_cases(draw):
             draw(st.integers(0, 2**16)))
 
 
-def _softmax_case(G, D, sizes, magnitude, masked, trend, shift, seed, dtype):
+def _softmax_case(G: int, D: int, sizes: list[int], magnitude: float, masked: float, trend: str, shift: float,
+                  seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     T = sum(sizes)
     scores = torch.randn(G, T, generator=g, dtype=torch.float64) * magnitude
@@ -207,7 +209,7 @@ def _softmax_case(G, D, sizes, magnitude, masked, trend, shift, seed, dtype):
     return scores.to(dtype), torch.randn(T, D, generator=g, dtype=torch.float64).to(dtype)
 
 
-def _state(got, dtype, G, D, where):
+def _state(got: Any, dtype: torch.dtype, G: int, D: int, where: str) -> list[torch.Tensor]:
     __tracebackhide__ = True
     check(type(got) in (tuple, list) and len(got) == 3,
           f"online_softmax_update must return a tuple (m, l, acc), got {type(got).__name__} {where}")
@@ -218,7 +220,7 @@ def _state(got, dtype, G, D, where):
     return state
 
 
-def verify_lab03_2(online_softmax_update):
+def verify_lab03_2(online_softmax_update: Callable[..., Any]) -> None:
     @given(case=_softmax_cases(), dtype=st.sampled_from([torch.float64, torch.float64, torch.float32]))
     @example(case=(1, 1, [2, 2], 1.0, 0.0, "up", 0.0, 0), dtype=torch.float64)           # the max moves up
     @example(case=(2, 3, [3, 1, 4], 1.0, 0.3, "down", 0.0, 1), dtype=torch.float64)      # masked -inf scores
@@ -226,7 +228,7 @@ def verify_lab03_2(online_softmax_update):
     @example(case=(3, 2, [1, 5, 2], 800.0, 0.2, "none", 0.0, 3), dtype=torch.float64)    # overflow even in float64
     @example(case=(2, 3, [3, 2, 4], 1.0, 0.2, "up", -1e4, 4), dtype=torch.float32)       # every score ~ -1e4
     @example(case=(1, 2, [2, 3], 2.0, 0.0, "none", -1e4, 5), dtype=torch.float64)
-    def prop(case, dtype):
+    def prop(case: tuple, dtype: torch.dtype) -> None:
         G, D, sizes, magnitude, masked, trend, shift, seed = case
         scores, values = _softmax_case(*case, dtype)
         tol = dict(rtol=1e-9, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-6)
@@ -267,7 +269,9 @@ def verify_lab03_2(online_softmax_update):
 
 # --------------------------------------------------------------------------- lab03_3: the Triton kernel
 
-def launch_paged_attention(kernel, q, k_cache, v_cache, block_tables, seq_lens, scale, out=None):
+def launch_paged_attention(kernel: Any, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch a paged decode kernel exactly like the notebook's `paged_attention_decode` wrapper does:
     grid (S, KVH), one program per (sequence, kv head), strides in elements, head dim contiguous."""
     S, H, D = q.shape
@@ -282,7 +286,8 @@ def launch_paged_attention(kernel, q, k_cache, v_cache, block_tables, seq_lens, 
     return out
 
 
-def dense_decode_ref(q, dense_k, dense_v, scale) -> torch.Tensor:
+def dense_decode_ref(q: torch.Tensor, dense_k: list[torch.Tensor], dense_v: list[torch.Tensor],
+                     scale: float) -> torch.Tensor:
     """Decode attention on the contiguous K/V, float64: out[s, h] = softmax(scale q[s,h]·K_s[:, h // G]) @ V_s."""
     S, H, D = q.shape
     out = torch.zeros(S, H, D, dtype=torch.float64)
@@ -294,8 +299,8 @@ def dense_decode_ref(q, dense_k, dense_v, scale) -> torch.Tensor:
     return out
 
 
-def _kernel_variant(c: PagedCase, *, kv_map="div", rescale=True, tail="mask", row="stride", scale_mul=1.0,
-                    m_init=float("-inf")):
+def _kernel_variant(c: PagedCase, *, kv_map: str = "div", rescale: bool = True, tail: str = "mask", row: str = "stride",
+                    scale_mul: float = 1.0, m_init: float = float("-inf")) -> torch.Tensor:
     """The kernel's algorithm in float64 with one knob turned to a known mistake (for diagnosis only)."""
     q, kc, vc, bt = c.q.double(), c.k_cache.double(), c.v_cache.double(), c.block_tables.long()
     S, H, D = q.shape
@@ -364,7 +369,7 @@ def _make_case(case: dict) -> PagedCase:
     return _very_negative(c) if case["low"] else c
 
 
-_SENTINEL = -4096.0      # exact in every float dtype
+_NAN, _SENTINEL = float("nan"), -4096.0      # the sentinel is exact in every float dtype
 
 
 def _guarded(t: torch.Tensor, fill: float):
@@ -393,7 +398,7 @@ def _explain_kernel_error(exc: BaseException):
     raise exc
 
 
-def _run_kernel(kernel, c: PagedCase, progress: str | None = None):
+def _run_kernel(kernel: Any, c: PagedCase, progress: str | None = None) -> tuple[torch.Tensor, int, int]:
     """Launch the kernel on copies of the case's tensors that sit between guard zones (NaN around the inputs, a
     sentinel around out); returns (out as float64, elements written before out, elements written after out)."""
     if progress:
@@ -412,7 +417,7 @@ def _run_kernel(kernel, c: PagedCase, progress: str | None = None):
 _PROBES: list = []
 
 
-def _diagnose_kernel(kernel, c: PagedCase) -> str | None:
+def _diagnose_kernel(kernel: Any, c: PagedCase) -> str | None:
     """The known mistake the kernel agrees with on the failing case and on fixed probes (GQA with KVH > 1, ragged
     tails, several sequences, a moving max; their mistakes' outputs are computed once per process)."""
     if not _PROBES:
@@ -431,12 +436,8 @@ def _diagnose_kernel(kernel, c: PagedCase) -> str | None:
     return None
 
 
-_STORE_MASK = ("mask the store with the program's real heads and lanes: mask=(offs_g < GROUP)[:, None] & "
-               "(offs_d < HEAD_DIM)[None, :]")
-
-
 @st.composite
-def _kernel_cases(draw):
+def _kernel_cases(draw: st.DrawFn) -> dict[str, Any]:
     block_size = draw(st.sampled_from([4, 8]))
     return dict(seq_lens=draw(st.lists(st.integers(1, 4 * block_size), min_size=1, max_size=3)),
                 heads=draw(st.sampled_from([(1, 1), (2, 1), (3, 1), (4, 2), (6, 2), (2, 2)])),
@@ -447,12 +448,15 @@ def _kernel_cases(draw):
                 low=draw(st.sampled_from([False, False, False, True])), seed=draw(st.integers(0, 2**16)))
 
 
-def _kcase(seq_lens, heads, head_dim, block_size, layout, share_prefix=False, magnitude=1.0, dtype=torch.float32,
-           low=False, seed=0):
+def _kcase(seq_lens: list[int], heads: tuple[int, int], head_dim: int, block_size: int, layout: str,
+           share_prefix: bool = False, magnitude: float = 1.0, dtype: torch.dtype = torch.float32, low: bool = False,
+           seed: int = 0) -> dict[str, Any]:
     return dict(seq_lens=seq_lens, heads=heads, head_dim=head_dim, block_size=block_size, layout=layout,
                 share_prefix=share_prefix, magnitude=magnitude, dtype=dtype, low=low, seed=seed)
 
 
+_STORE_MASK = ("mask the store with the program's real heads and lanes: mask=(offs_g < GROUP)[:, None] & "
+               "(offs_d < HEAD_DIM)[None, :]")
 _KERNEL_HINT_SHOW = ("program (seq, kv_head) handles query heads kv_head*GROUP + [0, GROUP); loop b over "
                      "cdiv(seq_len, BLOCK_SIZE) blocks, phys = load(block_tables_ptr + seq*stride_bt + b), load a "
                      "[BLOCK_SIZE, D_PAD] K/V tile at phys*stride_kb + t*stride_kt + kv_head*stride_kh + d with mask "
@@ -467,7 +471,7 @@ _KERNEL_HINT = Hint(
     _KERNEL_HINT_SHOW)
 
 
-def _kernel_property(kernel, progress: str | None = None):
+def _kernel_property(kernel: Any, progress: str | None = None) -> Callable[..., None]:
     """The property behind lab03_3, run in the child process (usable on any interpreted Triton kernel)."""
     @given(case=_kernel_cases())
     @example(case=_kcase([1], (1, 1), 4, 4, "blocks"))                       # the smallest case there is
@@ -479,7 +483,7 @@ def _kernel_property(kernel, progress: str | None = None):
     @example(case=_kcase([11, 5], (4, 2), 8, 4, "engine", magnitude=20.0, seed=3))  # large scores stay finite
     @example(case=_kcase([6, 10], (6, 2), 8, 4, "engine", dtype=torch.float16, seed=5))  # out in q's dtype
     @example(case=_kcase([5, 12], (2, 1), 4, 8, "blocks", dtype=torch.bfloat16, seed=6))
-    def prop(case):
+    def prop(case: dict[str, Any]) -> None:
         c = _make_case(case)
         S, H, D = c.q.shape
         inputs = (c.q.clone(), [k.clone() for k in c.dense_k], [v.clone() for v in c.dense_v])
@@ -509,7 +513,7 @@ def _kernel_property(kernel, progress: str | None = None):
     return prop
 
 
-def _kernel_form(kernel):
+def _kernel_form(kernel: Any) -> Any:
     __tracebackhide__ = True
     import triton
     from triton.runtime.interpreter import InterpretedFunction
@@ -534,7 +538,6 @@ def run_kernel_check(src_path: str, name: str, result_path: str, progress_path: 
     """The child's side of lab03_3: load the shipped kernel, refuse helpers copied from minillm, run the property
     under a Watch of minillm's kernel, and write the verdict (null when the kernel passes) as JSON."""
     import importlib.util
-
     import triton
     from triton.runtime.interpreter import InterpretedFunction
     verdict = None
@@ -585,7 +588,7 @@ def _verdict_from_json(v: dict) -> GradingError:
     return GradingError(v["message"], v.get("example"), Hint(*hint) if isinstance(hint, list) else hint)
 
 
-def _child_verdict(proc, tmp: str) -> GradingError | None:
+def _child_verdict(proc: subprocess.Popen, tmp: str) -> GradingError | None:
     result_path, progress_path = os.path.join(tmp, "result.json"), os.path.join(tmp, "case")
     try:
         proc.wait(timeout=_CHILD_TIMEOUT)
@@ -642,11 +645,10 @@ def _untouched(src: str, name: str) -> bool:
     return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
-def verify_lab03_3(kernel):
+def verify_lab03_3(kernel: Any) -> None:
     """The kernel's property in the interpreter (in a child process) and, meanwhile, its AOT compile for sm80 with
     the engine's compile_for_gpu_target; the property's verdict comes first."""
     __tracebackhide__ = True
-
     try:
         src = kernel_source(kernel.fn)
     except Exception as e:  # noqa: BLE001
@@ -702,13 +704,11 @@ TASKS = {t.id: t for t in (
          time_limit=_CHILD_TIMEOUT + 120),       # the child's own limit speaks first
 )}
 
-
 check_lab03_1 = TASKS["lab03_1"].checker(
     'gather_kv(cache [num_blocks, block_size, KVH, D], block_table, seq_len) -> [seq_len, KVH, D].')
 check_lab03_2 = TASKS["lab03_2"].checker(
     'online_softmax_update(m [G], l [G], acc [G, D], scores [G, T], values [T, D]) -> (m, l, acc).')
 check_lab03_3 = TASKS["lab03_3"].checker(
     "A @triton.jit PagedAttention decode kernel with the statement's signature (grid (S, KVH)).")
-
 
 seal(globals())

@@ -29,21 +29,23 @@ import copy
 import functools
 import traceback
 from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.outputs import StepInfo
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.engine.simple import SimpleGenerator
 from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, is_library_file,
                                   minillm_objects, run_property, seal, time_limit)
+from minillm.kv.block_manager import BlockManager
 from minillm.sampling.params import SamplingParams
 from minillm.testing import tiny_model
 
-__all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "TASKS", "fcfs_step", "Case", "make_case",
-           "run_case"]
+__all__ = ["check_lab04_1", "check_lab04_2", "check_lab04_3", "TASKS", "fcfs_step", "Case", "make_case", "run_case"]
 
 TIME_LIMIT_S = 20           # one example running longer than this has an endless loop somewhere
 METHODS = ("schedule_running", "admit_waiting", "preempt")
@@ -61,7 +63,7 @@ class Item:
     computed: int
 
 
-def fcfs_step(bm, running, waiting, budget, max_num_seqs):
+def fcfs_step(bm: BlockManager, running: list[Item], waiting: list[Item], budget: int, max_num_seqs: int):
     """What FCFS continuous batching schedules in one step. `bm` is a deep copy of the engine's block manager (this
     changes it); `running` (oldest first) and `waiting` (head first) are lists of Items.
     Returns (batch [(seq, first position, num tokens)] in order, preempted seqs, copy-on-write pairs)."""
@@ -114,12 +116,13 @@ class Case:
                 f"{self.num_blocks} blocks x {self.block_size} tokens, prefix caching "
                 f"{'on' if self.prefix_caching else 'off'}")
 
-    def _repr_pretty_(self, p, cycle) -> None:     # hypothesis prints falsifying examples with this
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:     # hypothesis prints falsifying examples with this
         p.text(repr(self))
 
 
-def make_case(requests, *, block_size=4, num_blocks=None, spare_blocks=0, budget=16, max_num_seqs=8,
-              prefix_caching=False, arrivals=None) -> Case:
+def make_case(requests: list[tuple], *, block_size: int = 4, num_blocks: int | None = None, spare_blocks: int = 0,
+              budget: int = 16, max_num_seqs: int = 8, prefix_caching: bool = False,
+              arrivals: list[int] | None = None) -> Case:
     """requests: [(prompt tokens, max_tokens)] or [(prompt, max_tokens, n)]. Without num_blocks the pool holds the
     longest sequence plus `spare_blocks` blocks (small pools force preemption)."""
     prompts = tuple(tuple(int(t) for t in r[0]) for r in requests)
@@ -136,7 +139,7 @@ def _toks(seed: int, n: int) -> list[int]:
 
 
 @st.composite
-def cases(draw, pressure: bool = False):
+def cases(draw: st.DrawFn, pressure: bool = False) -> Case:
     """Random request sets; `pressure` draws more, longer-running requests into a pool barely larger than the
     longest one, so most cases preempt. Token ids come from seeds, so hypothesis shrinks lengths, not tokens."""
     k = draw(st.integers(2, 5) if pressure else st.integers(1, 5))
@@ -202,20 +205,20 @@ def _alone(prompt: tuple, max_tokens: int) -> tuple:
     return tuple(SimpleGenerator(tiny_model(), None).generate(list(prompt), params)[1])
 
 
-def _label(seq) -> str:
+def _label(seq: Sequence) -> str:
     return f"'{seq.request_id}'" + (f"#{seq.index}" if seq.index else "")
 
 
-def _labels(seqs) -> str:
+def _labels(seqs: Iterable[Sequence]) -> str:
     return "[" + ", ".join(_label(s) for s in seqs) + "]"
 
 
-def _fmt(batch, preempted) -> str:
+def _fmt(batch: list[tuple[Sequence, int, int]], preempted: list[Sequence]) -> str:
     text = "[" + ", ".join(f"{_label(s)}: {n}" for s, _, n in batch) + "]"
     return text + (f" and preempts {_labels(preempted)}" if preempted else "")
 
 
-def _items(seqs, what: str) -> list:
+def _items(seqs: Iterable[Sequence], what: str) -> list:
     """The live queue, copied for the oracle (its sequences must be the engine's Sequence objects)."""
     seqs = list(seqs)
     for s in seqs:
@@ -223,7 +226,7 @@ def _items(seqs, what: str) -> list:
     return [Item(s, s.seq_id, tuple(s.token_ids), as_int(s.num_computed_tokens, "num_computed_tokens")) for s in seqs]
 
 
-def _state(running, waiting, free_blocks, budget) -> str:
+def _state(running: list[Item], waiting: list[Item], free_blocks: int, budget: int) -> str:
     run = ", ".join(f"{_label(i.seq)} {i.computed}/{len(i.tokens)}" for i in running) or "none"
     wait = ", ".join(f"{_label(i.seq)} {len(i.tokens)} tok" for i in waiting) or "none"
     return (f"running [{run}] (computed/total tokens), waiting [{wait}], {free_blocks} free blocks, "
@@ -253,7 +256,7 @@ def run_case(cls, case: Case, *, time_limit: float = TIME_LIMIT_S) -> list:
              "condition never changes, e.g. preempting a sequence that stays in self.running)")
 
 
-def _drive(engine, cls, case: Case) -> list:
+def _drive(engine: LLMEngine, cls, case: Case) -> list:
     __tracebackhide__ = True
     try:
         sched = cls(engine.scheduler.config, engine.block_manager)
@@ -295,7 +298,7 @@ def _drive(engine, cls, case: Case) -> list:
     return records
 
 
-def _check_step(k: int, info, expected, state: str, sched, case: Case) -> StepRecord:
+def _check_step(k: int, info: StepInfo, expected: tuple, state: str, sched: Scheduler, case: Case) -> StepRecord:
     """The step's rules, then its decision against the oracle's."""
     __tracebackhide__ = True
     where = f"step {k} ({state})"
@@ -315,8 +318,7 @@ def _check_step(k: int, info, expected, state: str, sched, case: Case) -> StepRe
     total = sum(n for _, _, n in batch)
     check(total <= case.budget, f"{where}: the step schedules {total} tokens ({_fmt(batch, [])}), more than "
                                 f"max_num_batched_tokens={case.budget}")
-    before = [s.seq for s in info.running_before]
-    queued = [s.seq for s in info.waiting_before]
+    before, queued = [s.seq for s in info.running_before], [s.seq for s in info.waiting_before]
     now = {id(s) for s in sched.running}
     gone = _victims(where, before, sched)
     listed = list(out.preempted)
@@ -361,7 +363,7 @@ def _check_step(k: int, info, expected, state: str, sched, case: Case) -> StepRe
     return StepRecord(k, batch, listed, state)
 
 
-def _victims(where: str, before: list, sched) -> list:
+def _victims(where: str, before: list, sched: Scheduler) -> list:
     """The sequences preempted in the step (they left self.running unfinished): the newest ones, or fail."""
     __tracebackhide__ = True
     now = {id(s) for s in sched.running}
@@ -374,7 +376,7 @@ def _victims(where: str, before: list, sched) -> list:
     return gone
 
 
-def _diff(batch, listed, want, want_out, before) -> str:
+def _diff(batch: list[tuple], listed: list, want: list[tuple], want_out: list, before: list) -> str:
     """Why the learner's decision differs from the oracle's, in the policy's words."""
     got = {id(s): (a, n) for s, a, n in batch}
     if want_out and not listed:
@@ -424,7 +426,8 @@ _HINTS = {
 }
 
 
-def _crash(e: BaseException, k: int, state: str, expected, before: list, queued: list, sched, bm) -> str:
+def _crash(e: BaseException, k: int, state: str, expected: tuple, before: list, queued: list, sched: Scheduler,
+           bm: BlockManager) -> str:
     """The message for a step that raised."""
     __tracebackhide__ = True
     msg = (str(e).strip().splitlines() or [""])[0]
@@ -459,7 +462,7 @@ def _where(exc: BaseException) -> str:
     return f" (in {mine[-1].name}, line {mine[-1].lineno}: `{(mine[-1].line or '').strip()}`)" if mine else ""
 
 
-def _check_end(engine, bm, case: Case, done: dict) -> None:
+def _check_end(engine: LLMEngine, bm: BlockManager, case: Case, done: dict) -> None:
     __tracebackhide__ = True
     for i, (p, m, n) in enumerate(zip(case.prompts, case.max_tokens, case.n)):
         samples, want = done.get(str(i)), list(_alone(p, m))
@@ -488,9 +491,9 @@ def _probe(cls: type, task: int) -> type:
     return type(cls.__name__, (cls,), env)
 
 
-def _checked_preempt(fn):
+def _checked_preempt(fn: Callable[[Scheduler, Sequence], None]) -> Callable[[Scheduler, Sequence], None]:
     """The learner's preempt(seq), followed by a check of the state it must leave behind."""
-    def preempt(self, seq):
+    def preempt(self, seq: Sequence) -> None:
         __tracebackhide__ = True
         count, rest, queue = seq.metrics.num_preemptions, [s for s in self.running if s is not seq], list(self.waiting)
         fn(self, seq)
@@ -557,7 +560,7 @@ def _verify(task: int, cls, time_limit: float) -> None:
     probe = _probe(cls if isinstance(cls, type) else type(cls), task)
     timed_out = []
 
-    def prop(case):
+    def prop(case: Case) -> None:
         if timed_out:   # an endless loop: fail every further example at once (else shrinking would hang too)
             raise GradingError(timed_out[0])
         try:
@@ -585,7 +588,7 @@ def verify_lab04_3(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
     _verify(3, cls, time_limit)
 
 
-def _task(k: int, verify) -> Task:
+def _task(k: int, verify: Callable[..., None]) -> Task:
     name = METHODS[k - 1]
     return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,),
                 engine=minillm_objects(f"minillm.engine.scheduler:Scheduler.{name}"), oracles=lambda: [fcfs_step])
@@ -593,13 +596,10 @@ def _task(k: int, verify) -> Task:
 
 TASKS = {t.id: t for t in (_task(1, verify_lab04_1), _task(2, verify_lab04_2), _task(3, verify_lab04_3))}
 
-
 check_lab04_1 = TASKS["lab04_1"].checker(
     'schedule_running(self, out, budget): token budget, chunked prefill, preempt the newest when short.')
 check_lab04_2 = TASKS["lab04_2"].checker(
     'admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks.')
-check_lab04_3 = TASKS["lab04_3"].checker(
-    'preempt(self, seq): recompute-style preemption.')
-
+check_lab04_3 = TASKS["lab04_3"].checker('preempt(self, seq): recompute-style preemption.')
 
 seal(globals())

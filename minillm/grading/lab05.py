@@ -24,7 +24,7 @@ import json
 import subprocess
 import sys
 from types import MappingProxyType
-from typing import Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from hypothesis import example, given, strategies as st
 
@@ -91,8 +91,8 @@ _MUTATION_WHY = {
 }
 
 
-def _hasher(hash_block):
-    def h(parent, tokens):
+def _hasher(hash_block: Callable[..., Any]) -> Callable[[int | None, Sequence[int]], int]:
+    def h(parent: int | None, tokens: Sequence[int]) -> int:
         out = as_int(hash_block(parent, tuple(tokens)), f"hash_block({parent}, {tuple(tokens)})")
         check(out >= 0, f"hash_block({parent}, {tuple(tokens)}) returned a negative number {out}: return an int >= 0")
         return out
@@ -118,7 +118,7 @@ print("RESULT", json.dumps(out))
 """
 
 
-def _run_here(fn) -> dict:
+def _run_here(fn: Callable[..., Any]) -> dict:
     out = {}
     for key, parent_key, parent, tokens in _PROCESS_INPUTS:
         p = out.get(parent_key) if parent_key is not None else parent
@@ -126,7 +126,7 @@ def _run_here(fn) -> dict:
     return out
 
 
-def _ship(fn) -> bytes:
+def _ship(fn: Callable[..., Any]) -> bytes:
     """fn by value (with the helpers and globals of its own module), for a fresh interpreter."""
     import cloudpickle
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
@@ -141,7 +141,7 @@ def _ship(fn) -> bytes:
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def _check_cross_process(hash_block) -> None:
+def _check_cross_process(hash_block: Callable[..., Any]) -> None:
     """The same inputs give the same hashes in two fresh interpreters with different hash seeds."""
     __tracebackhide__ = True
     here = _run_here(hash_block)
@@ -172,7 +172,7 @@ def _check_cross_process(hash_block) -> None:
                      "yourself from the parent and the token ids; never call hash().")
 
 
-def verify_lab05_1(hash_block):
+def verify_lab05_1(hash_block: Callable[..., Any]) -> None:
     h = _hasher(hash_block)
     parents = st.none() | st.integers(1, HASH_MASK)
 
@@ -186,7 +186,8 @@ def verify_lab05_1(hash_block):
     @example(parent=None, tokens=[7, 65001], kind="alias16", i=1, j=0, v=0, other=3, second=[7])   # 16-bit ids
     @example(parent=9, tokens=[100, 200], kind="alias8", i=0, j=0, v=0, other=None, second=[100, 201])
     @example(parent=None, tokens=[5, 6], kind="change", i=0, j=0, v=1, other=4, second=[8, 9])     # reordered chain
-    def prop(parent, tokens, kind, i, j, v, other, second):
+    def prop(parent: int | None, tokens: list[int], kind: str, i: int, j: int, v: int, other: int | None,
+             second: list[int]) -> None:
         base = h(parent, tokens)
         again = h(None if parent is None else int(str(parent)), list(tokens))   # equal values, fresh objects
         if again != base:
@@ -240,7 +241,8 @@ def verify_lab05_1(hash_block):
 
 # --------------------------------------------------------------------------- lab05_2 find_cached_prefix
 
-def reference_find_cached_prefix(token_ids, block_size, cache, hash_fn):
+def reference_find_cached_prefix(token_ids: Sequence[int], block_size: int, cache: Mapping[int, CachedBlock],
+                                 hash_fn: Callable[..., int]) -> list[int]:
     """The longest k <= (len - 1) // block_size whose first k blocks ALL verify (entry exists, holds the block's
     tokens, was computed after the entry of the block before), trying every k from the longest down."""
     bs = block_size
@@ -257,8 +259,9 @@ def reference_find_cached_prefix(token_ids, block_size, cache, hash_fn):
     return []
 
 
-def _walk(token_ids, block_size, cache, hash_fn, *, cap=True, verify_tokens=True, verify_parent=True,
-          stop_at_miss=True, return_hashes=False):
+def _walk(token_ids: Sequence[int], block_size: int, cache: Mapping[int, CachedBlock], hash_fn: Callable[..., int], *,
+          cap: bool = True, verify_tokens: bool = True, verify_parent: bool = True, stop_at_miss: bool = True,
+          return_hashes: bool = False) -> list[int]:
     """The lookup with one knob turned to a classic mistake (for diagnosis only)."""
     n = (len(token_ids) - 1) // block_size if cap else len(token_ids) // block_size
     blocks, parent_hash, parent = [], None, None
@@ -278,15 +281,15 @@ def _walk(token_ids, block_size, cache, hash_fn, *, cap=True, verify_tokens=True
     return blocks
 
 
-def _parentless(parent, tokens):
+def _parentless(parent: int | None, tokens: Sequence[int]) -> int:
     return reference_hash(None, tokens)
 
 
-def _sum3(parent, tokens):
+def _sum3(parent: int | None, tokens: Sequence[int]) -> int:
     return sum(tokens) % 3
 
 
-def _constant(parent, tokens):
+def _constant(parent: int | None, tokens: Sequence[int]) -> int:
     return 12345
 
 
@@ -294,7 +297,8 @@ _HASHES = {"strong": reference_hash, "ignores the parent": _parentless, "sum(tok
            "constant": _constant}
 
 
-def build_cache(prompts, block_size, hash_fn, evict=()):
+def build_cache(prompts: Sequence[Sequence[int]], block_size: int, hash_fn: Callable[..., int],
+                evict: Sequence[int] = ()) -> dict[int, CachedBlock]:
     """Register the full blocks of `prompts` the way the BlockManager's commit_computed does (an existing,
     verified entry is reused; on a hash collision the first entry stays and the new block is not cached), then
     drop the entries whose index is in `evict` (evicted blocks). Returns {hash: CachedBlock}."""
@@ -319,7 +323,7 @@ def build_cache(prompts, block_size, hash_fn, evict=()):
 
 
 @st.composite
-def _prefix_scenarios(draw):
+def _prefix_scenarios(draw: st.DrawFn) -> tuple:
     bs = draw(st.integers(1, 4))
     alphabet = st.integers(0, 3)
     prompts = [draw(st.lists(alphabet, min_size=1, max_size=14))]
@@ -374,26 +378,26 @@ _PREFIX_PROBES = [
 ]
 
 
-def _probe_args(bs, prompts, hash_name, evict, query):
+def _probe_args(bs: int, prompts: list[list[int]], hash_name: str, evict: list[int], query: list[int]) -> tuple:
     fn = _HASHES[hash_name]
     return (list(query), bs, MappingProxyType(build_cache(prompts, bs, fn, evict)), fn)
 
 
-def _as_list(x):
+def _as_list(x: Any) -> list[int] | None:
     try:
         return as_ints(x, "find_cached_prefix's result")
     except GradingError:
         return None
 
 
-def _diagnose_prefix(find, args):
+def _diagnose_prefix(find: Callable[..., Any], args: tuple) -> str | None:
     variants = [(why, (lambda kw: (lambda t, b, c, f: []) if kw is None else
                        (lambda t, b, c, f: _walk(t, b, c, f, **kw)))(kw)) for why, kw in _PREFIX_MISTAKES]
     probes = [args] + [_probe_args(*p) for p in _PREFIX_PROBES]
     return diagnose(find, variants, probes, lambda a, b: _as_list(a) == list(b))
 
 
-def verify_lab05_2(find_cached_prefix):
+def verify_lab05_2(find_cached_prefix: Callable[..., Any]) -> None:
     @given(scenario=_prefix_scenarios())
     @example(scenario=(2, [[0, 1, 2, 3, 0, 0]], "strong", [], [0, 1, 2, 3, 0, 0, 1]))          # plain reuse
     @example(scenario=(2, [[0, 1, 2, 3, 0, 0]], "strong", [], [0, 1, 2, 3]))                   # block-aligned: cap
@@ -401,7 +405,7 @@ def verify_lab05_2(find_cached_prefix):
     @example(scenario=(2, [[1, 1, 0, 2, 3, 3]], "constant", [], [1, 1, 3, 3, 0]))              # forced collision
     @example(scenario=(2, [[1, 1, 0, 2]], "constant", [], [3, 3, 5]))                          # same parent, other tokens
     @example(scenario=(1, [[3, 2, 1, 0]], "strong", [1], [3, 2, 1, 0, 0]))                     # a gap: stop there
-    def prop(scenario):
+    def prop(scenario: tuple) -> None:
         bs, prompts, hash_name, evict, query = scenario
         args = _probe_args(bs, prompts, hash_name, evict, query)
         cache = args[2]
@@ -433,11 +437,11 @@ class _LRUModel:
     def __init__(self):
         self.clock, self.stamp = 0, {}
 
-    def add(self, block):
+    def add(self, block: int) -> None:
         self.clock += 1
         self.stamp[block] = self.clock
 
-    def remove(self, block):
+    def remove(self, block: int) -> None:
         del self.stamp[block]
 
     def order(self):
@@ -458,7 +462,7 @@ _OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "add", "remove", "pop",
                           st.integers(0, 7) | st.integers(250, 600)), max_size=40)
 
 
-def _run_ops(cls, ops):
+def _run_ops(cls, ops: list[tuple[str, int]]) -> None:
     """Apply `ops` to a fresh cls() and to the model; fail at the first disagreement."""
     ev, model = cls(), _LRUModel()
     log = []
@@ -504,7 +508,7 @@ def _run_ops(cls, ops):
 
 def _evictor_why(cls) -> str:
     """Name the classic mistake from three fixed probes (empty string when none applies)."""
-    def pops(*steps):
+    def pops(*steps: tuple[str, int]) -> Any:
         try:
             ev = cls()
             for op, b in steps:
@@ -524,7 +528,7 @@ def _block_manager_scenario(cls) -> None:
     """The evictor inside a real BlockManager (its evictor_cls seam): LRU by time of last free, tail blocks first."""
     bm = BlockManager(8, 2, evictor_cls=cls)
 
-    def run(sid, prompt):
+    def run(sid: int, prompt: list[int]) -> int:
         cached = bm.allocate_prompt(sid, prompt)
         bm.append_slots(sid, len(prompt))
         bm.commit_computed(sid, prompt, len(prompt))
@@ -556,14 +560,14 @@ def _block_manager_scenario(cls) -> None:
           "clear() must empty the evictor and return the blocks it held.")
 
 
-def verify_lab05_3(evictor_cls):
+def verify_lab05_3(evictor_cls: type) -> None:
     @given(ops=_OPS)
     @example(ops=[("add", 1), ("add", 2), ("add", 3), ("pop", 0)])                              # LRU, not MRU
     @example(ops=[("add", 1), ("add", 2), ("add", 1), ("pop", 0)])                              # re-add refreshes
     @example(ops=[("add", 1), ("add", 2), ("remove", 0), ("add", 1), ("pop", 0)])               # remove, add again
     @example(ops=[("add", 4), ("add", 5), ("clear", 0), ("add", 6), ("pop", 0)])
     @example(ops=[("add", 300), ("add", 2), ("add", 599), ("pop", 0), ("pop", 0)])             # ids above 256
-    def prop(ops):
+    def prop(ops: list[tuple[str, int]]) -> None:
         _run_ops(evictor_cls, ops)
 
     run_property(prop, max_examples=150, hint=Hint(
@@ -574,9 +578,7 @@ def verify_lab05_3(evictor_cls):
         "present, then insert it at the end; pop_lru = take the first; iterate in that order."))
     try:
         _block_manager_scenario(evictor_cls)
-    except GradingError:
-        raise
-    except NotImplementedError:
+    except (GradingError, NotImplementedError):
         raise
     except Exception as e:  # noqa: BLE001
         fail(f"inside a BlockManager the evictor raised {type(e).__name__}: {e}",
@@ -596,13 +598,11 @@ TASKS = {t.id: t for t in (
          engine=minillm_objects("minillm.kv.prefix_cache:LRUEvictor"), oracles=lambda: [_LRUModel]),
 )}
 
-
 check_lab05_1 = TASKS["lab05_1"].checker(
     'hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int, chained and process-independent.')
 check_lab05_2 = TASKS["lab05_2"].checker(
     'find_cached_prefix(token_ids, block_size, cache, hash_fn) -> block ids of the longest verified cached prefix.')
 check_lab05_3 = TASKS["lab05_3"].checker(
     'An LRU evictor class: add, remove, pop_lru, clear, len, iter (eviction order).')
-
 
 seal(globals())
