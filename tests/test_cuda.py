@@ -9,18 +9,18 @@ CI has no GPU, so these tests skip there; on a machine with one run them compile
 Tolerances: float32 activations take IEEE products in the kernel (no TF32), so fp32 logits agree with the CPU
 twin to float rounding (1e-4 of the logits' scale); an int8 KV pool moves them by its quantization step (the
 int8 tests in test_kv_int8.py bound that), so there greedy tokens must agree at >= 90 % of steps."""
-import os
-
 import pytest
 import torch
 
+from minillm.kernels.triton_launch import kernel_device
+from minillm.kernels.triton_paged_attention import paged_attention_decode_kernel
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, TorchAttentionBackend
 from minillm.models.llama import ForwardContext
 from minillm.quant.formats import QuantSpec
 from minillm.testing import dequantized_twin, random_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+pytestmark = pytest.mark.skipif(kernel_device(paged_attention_decode_kernel) != "cuda",
                                 reason="needs a CUDA GPU with compiled Triton (TRITON_INTERPRET unset or 0)")
 
 PROMPT = [3, 17, 99, 5, 64, 2, 31, 8, 120, 45, 7, 11, 90]

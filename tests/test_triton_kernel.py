@@ -24,15 +24,17 @@ from minillm.kernels.triton_paged_attention import (  # noqa: E402
     KERNEL_NAME,
     aot_compile,
     compile_for_gpu_target,
+    paged_attention_decode_kernel,
     paged_attention_decode_triton,
     triton_available,
 )
+from minillm.kernels.triton_launch import kernel_device  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not triton_available(), reason="needs CUDA or TRITON_INTERPRET=1 before kernel import"
 )
 
-DEVICE = "cuda" if (torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1") else "cpu"
+DEVICE = kernel_device(paged_attention_decode_kernel) or "cpu"
 TOL = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
 

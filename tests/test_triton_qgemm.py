@@ -15,12 +15,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton")
 
-from minillm.kernels.triton_qgemm import (KERNEL_NAME, TileConfig, aot_compile, qlinear_triton,  # noqa: E402
-                                          tile_config, triton_available)
+from minillm.kernels.triton_launch import kernel_device  # noqa: E402
+from minillm.kernels.triton_qgemm import (KERNEL_NAME, TileConfig, aot_compile, qgemm_kernel,  # noqa: E402
+                                          qlinear_triton, tile_config, triton_available)
 from minillm.quant.formats import QuantizedWeight, QuantSpec, pack_int4, quantize, unpack_int4  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="needs CUDA or TRITON_INTERPRET=1")
-DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DEVICE = kernel_device(qgemm_kernel) or "cpu"
 TOL = 1e-5
 
 

@@ -32,11 +32,12 @@ from hypothesis import example, given, strategies as st
 from minillm import config
 from minillm.grading.core import (NOT_IMPLEMENTED, GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
                                   minillm_objects, reject_delegation, run_property, seal)
-from minillm.kernels.triton_paged_attention import KernelCompileError, compile_for_gpu_target, kernel_source, next_pow2
+from minillm.kernels.triton_paged_attention import (KernelCompileError, compile_for_gpu_target, kernel_source,
+                                                    launch_decode)
 from minillm.testing import PagedCase, make_paged_case
 
 __all__ = ["check_lab03_1", "check_lab03_2", "check_lab03_3", "TASKS", "launch_paged_attention", "dense_decode_ref",
-           "softmax_state_ref", "next_pow2", "run_kernel_check"]
+           "softmax_state_ref", "run_kernel_check"]
 
 
 def _describe_case(c: PagedCase) -> str:
@@ -274,15 +275,9 @@ def launch_paged_attention(kernel: Any, q: torch.Tensor, k_cache: torch.Tensor, 
                            out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch a paged decode kernel exactly like the notebook's `paged_attention_decode` wrapper does:
     grid (S, KVH), one program per (sequence, kv head), strides in elements, head dim contiguous."""
-    S, H, D = q.shape
-    _, block_size, KVH, _ = k_cache.shape
-    block_tables = block_tables.to(torch.int32).contiguous()
-    out = torch.empty((S, H, D), dtype=q.dtype) if out is None else out
-    kernel[(S, KVH)](
-        out, q, k_cache, v_cache, block_tables, seq_lens.to(torch.int32).contiguous(), float(scale),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=H // KVH, GROUP_PAD=next_pow2(H // KVH), HEAD_DIM=D, D_PAD=next_pow2(D), BLOCK_SIZE=block_size)
+    out = torch.empty(q.shape, dtype=q.dtype) if out is None else out
+    launch_decode(kernel, out, q, k_cache, v_cache, block_tables.to(torch.int32).contiguous(),
+                  seq_lens.to(torch.int32).contiguous(), scale)
     return out
 
 

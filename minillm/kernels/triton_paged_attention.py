@@ -48,10 +48,12 @@ Running it
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import TYPE_CHECKING
 
-from minillm import config
+from minillm.kernels.triton_launch import (HAS_TRITON, KernelCompileError, compile_for_target, compile_in_child,
+                                           in_process_compile_ok, kernel_device, launch, next_pow2, pointer_type)
 
 if TYPE_CHECKING:
     import torch
@@ -59,15 +61,9 @@ if TYPE_CHECKING:
 # torch is imported inside the functions that need it: the AOT-compile child process
 # (see below) loads this file and should not pay ~3 s for `import torch`.
 
-try:
+if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    _HAS_TRITON = True
-except Exception:  # pragma: no cover - triton is an x86_64-only dependency
-    triton = None
-    tl = None
-    _HAS_TRITON = False
 
 __all__ = [
     "paged_attention_decode_triton",
@@ -78,6 +74,7 @@ __all__ = [
     "KernelCompileError",
     "KERNEL_NAME",
     "INT8_KERNEL_NAME",
+    "next_pow2",
 ]
 
 KERNEL_NAME = "paged_attention_decode_kernel"
@@ -86,16 +83,10 @@ INT8_KERNEL_NAME = "paged_attention_decode_int8_kernel"
 
 def triton_available() -> bool:
     """True if triton imports and the kernel can actually run (CUDA, or TRITON_INTERPRET=1)."""
-    if not _HAS_TRITON:
-        return False
-    if _INTERPRETED:
-        return True
-    import torch
-
-    return torch.cuda.is_available()
+    return kernel_device(paged_attention_decode_kernel) is not None
 
 
-if _HAS_TRITON:
+if HAS_TRITON:
     # tl.sum / tl.max are themselves @jit helpers around tl.reduce with these combine
     # functions.  Calling tl.reduce directly compiles to exactly the same code, but in
     # the interpreter it skips a nested jit-function call (which re-patches
@@ -282,16 +273,9 @@ if _HAS_TRITON:
     paged_attention_decode_kernel = triton.jit(_KERNEL_PY_FN)
     _INT8_KERNEL_PY_FN = paged_attention_decode_int8_kernel
     paged_attention_decode_int8_kernel = triton.jit(_INT8_KERNEL_PY_FN)
-    # What `triton.jit` produced at import time decides how the kernel runs.
-    _INTERPRETED = not isinstance(paged_attention_decode_kernel, triton.runtime.jit.JITFunction)
 else:  # pragma: no cover
     _KERNEL_PY_FN = _INT8_KERNEL_PY_FN = None
     paged_attention_decode_kernel = paged_attention_decode_int8_kernel = None
-    _INTERPRETED = False
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def paged_attention_decode_triton(
@@ -314,11 +298,6 @@ def paged_attention_decode_triton(
     """
     import torch
 
-    if not triton_available():
-        raise RuntimeError(
-            "Triton kernel cannot run: need triton plus a CUDA GPU, or TRITON_INTERPRET=1 "
-            "set before importing minillm.kernels.triton_paged_attention"
-        )
     S, H, D = q.shape
     num_blocks, block_size, KVH, Dk = k_cache.shape
     if v_cache.shape != k_cache.shape:
@@ -331,7 +310,6 @@ def paged_attention_decode_triton(
         raise ValueError(f"block_size must be a power of two, got {block_size}")
     if block_tables.shape[0] != S or seq_lens.shape[0] != S:
         raise ValueError("block_tables / seq_lens must have one row per sequence")
-    group = H // KVH
     quantized = k_cache.dtype == torch.int8
     if quantized != (k_scale is not None) or (k_scale is None) != (v_scale is None) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"an int8 K/V cache needs k_scale and v_scale, a float one neither (got k {k_cache.dtype}, "
@@ -348,67 +326,38 @@ def paged_attention_decode_triton(
     block_tables = block_tables.to(torch.int32).contiguous()
     seq_lens = seq_lens.to(torch.int32).contiguous()
     out = torch.empty((S, H, D), dtype=q.dtype, device=q.device)
-    if S == 0:
-        return out
-
-    grid = (S, KVH)
-    if quantized:
-        paged_attention_decode_int8_kernel[grid](
-            out, q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
-            float(scale),
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
-            v_scale.stride(0), v_scale.stride(1), v_scale.stride(2),
-            block_tables.stride(0),
-            out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=next_pow2(group),
-            HEAD_DIM=D, D_PAD=next_pow2(D),
-            BLOCK_SIZE=block_size,
-        )
-        return out
-    paged_attention_decode_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, seq_lens,
-        float(scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=next_pow2(group),
-        HEAD_DIM=D, D_PAD=next_pow2(D),
-        BLOCK_SIZE=block_size,
-    )
+    launch_decode(paged_attention_decode_int8_kernel if quantized else paged_attention_decode_kernel,
+                  out, q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
     return out
+
+
+def launch_decode(kernel, out, q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None, v_scale=None):
+    """One launch of a paged decode kernel with this module's signature (the int8 one's with k_scale/v_scale):
+    grid (S, KVH), strides in elements, the head dim's stride 1, block_tables/seq_lens contiguous int32."""
+    scales = () if k_scale is None else (k_scale, v_scale)
+    scale_strides = () if k_scale is None else (*k_scale.stride(), *v_scale.stride())
+    S, H, D = q.shape
+    KVH = k_cache.shape[2]
+    launch(kernel, (S, KVH),
+           out, q, k_cache, v_cache, *scales, block_tables, seq_lens, float(scale),
+           q.stride(0), q.stride(1),
+           k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+           *scale_strides,
+           block_tables.stride(0),
+           out.stride(0), out.stride(1),
+           GROUP=H // KVH, GROUP_PAD=next_pow2(H // KVH), HEAD_DIM=D, D_PAD=next_pow2(D),
+           BLOCK_SIZE=k_cache.shape[1])
 
 
 # ---------------------------------------------------------------------------------------
 # Ahead-of-time compilation (no GPU needed), of this kernel or any kernel with its signature
 # ---------------------------------------------------------------------------------------
 #
-# triton.compile(ASTSource(fn=JITFunction, signature, constexprs, attrs), target=GPUTarget)
-# is the path triton/tools/compile.py uses; it needs no driver and no GPU, and the nvidia
-# backend runs the ptxas bundled in triton's wheel, so we get ttir/ttgir/llir/ptx/cubin.
-#
-# It cannot run in a process where TRITON_INTERPRET=1 was set when triton was imported:
-# triton's own standard library (tl.cdiv, tl.max, ...) is then made of interpreter
-# functions, and running an interpreted kernel leaves triton.language monkey-patched.
-# Wrapping a raw function in a fresh JITFunction is not enough, so in that case the
-# compile runs in a child process (this file loaded there with TRITON_INTERPRET unset),
-# and a kernel defined elsewhere (a notebook) travels there as source (kernel_source).
+# triton_launch.py says how (and why a child process when this process interprets its kernels); a kernel defined
+# elsewhere (a notebook) travels to that child as source (kernel_source).
 
-_ELT = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32",
-        "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _ASM_TEXT_KEYS = ("ttir", "ttgir", "llir", "ptx")
-
-
-class KernelCompileError(RuntimeError):
-    """The compile failed: `summary` is one line (with the offending source line when triton names it)."""
-
-    def __init__(self, summary: str, detail: str = "") -> None:
-        super().__init__(f"{summary}\n{detail}" if detail else summary)
-        self.summary, self.detail = summary, detail
 
 
 def _python_fn(kernel):
@@ -423,12 +372,9 @@ def _python_fn(kernel):
 
 def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group: int, num_warps: int,
                 kv_cache_dtype: str = "auto") -> dict:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    import inspect
 
-    elt = _ELT[str(dtype).replace("torch.", "")]
-    ptr = f"*{elt}"
+    ptr = pointer_type(dtype)
     if kv_cache_dtype == "int8":          # minillm's int8 kernel: int8 K/V, fp16 row scales with their strides
         fn = _INT8_KERNEL_PY_FN if fn is _KERNEL_PY_FN else fn
         signature = {
@@ -448,28 +394,16 @@ def _compile_fn(fn, arch: int, dtype: str, head_dim: int, block_size: int, group
             "stride_vb": "i32", "stride_vt": "i32", "stride_vh": "i32",
             "stride_bt": "i32", "stride_os": "i32", "stride_oh": "i32",
         }
-    jit = JITFunction(fn)
     constexprs = {
         "GROUP": group, "GROUP_PAD": next_pow2(group),
         "HEAD_DIM": head_dim, "D_PAD": next_pow2(head_dim),
         "BLOCK_SIZE": block_size,
     }
-    for name in constexprs:
-        signature[name] = "constexpr"
-    if list(signature) != list(jit.arg_names):
-        raise KernelCompileError(f"the kernel's parameters {jit.arg_names} differ from the PagedAttention signature "
-                                 f"{list(signature)}")
-    # The specialisation the runtime launcher makes for torch allocations: 16-byte aligned pointers.
-    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]]
-             for n in signature if n.endswith("_ptr")}
-    src = ASTSource(fn=jit, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", int(arch), 32),
-                              options={"num_warps": num_warps})
-    return dict(compiled.asm)
-
-
-def _in_process_compile_ok() -> bool:
-    return not _INTERPRETED and not triton.knobs.runtime.interpret
+    params = list(inspect.signature(fn).parameters)
+    if [*signature, *constexprs] != params:
+        raise KernelCompileError(f"the kernel's parameters {params} differ from the PagedAttention signature "
+                                 f"{[*signature, *constexprs]}")
+    return compile_for_target(fn, signature, constexprs, arch, num_warps)
 
 
 def aot_compile(
@@ -493,7 +427,7 @@ def aot_compile(
     ``kv_cache_dtypes``: e.g. ``("auto", "int8")`` also compiles minillm's int8-pool kernel (one child process for
     all); the keys are then ``(arch, dtype, kv_cache_dtype)``.
     Raises KernelCompileError when the kernel does not compile."""
-    if not _HAS_TRITON:
+    if not HAS_TRITON:
         raise RuntimeError("triton is not installed")
     fn = _python_fn(kernel)
     archs = (arch,) if isinstance(arch, int) else tuple(arch)
@@ -508,18 +442,22 @@ def aot_compile(
     keys = [(job["arch"], job["dtype"]) + (() if kv_cache_dtypes is None else (job["kv_cache_dtype"],))
             for job in jobs]
     if in_process is None:
-        in_process = _in_process_compile_ok()
+        in_process = in_process_compile_ok(paged_attention_decode_kernel)
     if in_process:
         try:
             return {key: _compile_fn(fn, **job) for key, job in zip(keys, jobs)}
         except KernelCompileError:
             raise
         except Exception as e:  # noqa: BLE001 - triton's compile errors come in many types
-            raise KernelCompileError(_summarize(str(e)), str(e)) from None
+            raise KernelCompileError.from_log(str(e)) from None
     source = None if fn is _KERNEL_PY_FN else kernel_source(fn)
     key = (source, fn.__name__, repr(jobs))
     if key not in _AOT_CACHE:          # the same kernel compiled twice (a checker, then a notebook cell): once
-        _AOT_CACHE[key] = _aot_compile_subprocess(jobs, source, fn.__name__)
+        results = compile_in_child(__file__, "_aot_main", {"jobs": jobs, "source": source, "fn_name": fn.__name__})
+        for asm in results:
+            if "cubin" in asm:
+                asm["cubin"] = base64.b64decode(asm["cubin"])
+        _AOT_CACHE[key] = results
     return dict(zip(keys, _AOT_CACHE[key]))
 
 
@@ -577,80 +515,27 @@ def kernel_source(fn) -> str:
     return header + "\n\n".join(parts)
 
 
-def _summarize(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    summary = lines[-1].strip() if lines else "unknown error"
-    caret = next((i for i in range(len(lines) - 1, 0, -1) if lines[i].strip() == "^"), None)
-    if caret is not None:                   # triton points at the offending line of the kernel
-        summary += f" — in `{lines[caret - 1].strip()}`"
-    return summary[:400]
-
-
-def _aot_compile_subprocess(jobs: list, source: str | None, fn_name: str, timeout: float = 300) -> list:
-    import base64
-    import json
-    import subprocess
-    import sys
-    import tempfile
-
-    env = config.gpu_compile_env()
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs_path = os.path.join(tmp, "jobs.json")
-        out_path = os.path.join(tmp, "out.json")
-        src_path = ""
-        if source is not None:
-            src_path = os.path.join(tmp, "user_kernel.py")
-            with open(src_path, "w") as f:
-                f.write(source)
-        with open(jobs_path, "w") as f:
-            json.dump(jobs, f)
-        # Load this file under a private name (not via sys.path: the child's cwd is tmp).
-        code = (
-            "import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('_minillm_paged_attn_aot', sys.argv[1])\n"
-            "mod = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(mod)\n"
-            "mod._aot_main(*sys.argv[2:])\n"
-        )
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-c", code, os.path.abspath(__file__), jobs_path, out_path, src_path, fn_name],
-                env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise KernelCompileError(f"the compile took more than {timeout:.0f} s") from None
-        if proc.returncode != 0:
-            err = proc.stderr.strip()
-            raise KernelCompileError(_summarize(err), err[-3000:])
-        with open(out_path) as f:
-            results = json.load(f)
-    for asm in results:
-        if "cubin" in asm:
-            asm["cubin"] = base64.b64decode(asm["cubin"])
-    return results
-
-
-def _aot_main(jobs_path: str, out_path: str, src_path: str = "", fn_name: str = "") -> None:
-    import base64
+def _aot_main(payload: dict) -> list:
+    """The child process's side of aot_compile: its cwd is a temporary directory, where a kernel's source becomes a
+    file (triton reads a kernel's source through `inspect`)."""
     import importlib.util
-    import json
 
     fn = _KERNEL_PY_FN
-    if src_path:
-        spec = importlib.util.spec_from_file_location("_minillm_user_kernel", src_path)
+    if payload["source"] is not None:
+        with open("user_kernel.py", "w") as f:
+            f.write(payload["source"])
+        spec = importlib.util.spec_from_file_location("_minillm_user_kernel", os.path.abspath("user_kernel.py"))
         user = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(user)
-        fn = getattr(user, fn_name)
-    with open(jobs_path) as f:
-        jobs = json.load(f)
+        fn = getattr(user, payload["fn_name"])
     results = []
-    for job in jobs:
+    for job in payload["jobs"]:
         asm = _compile_fn(fn, **job)
         out = {k: asm[k] for k in _ASM_TEXT_KEYS if k in asm}
         if "cubin" in asm:
             out["cubin"] = base64.b64encode(asm["cubin"]).decode("ascii")
         results.append(out)
-    with open(out_path, "w") as f:
-        json.dump(results, f)
+    return results
 
 
 def compile_for_gpu_target(arch: int, dtype: str = "fp16", head_dim: int = 64,

@@ -13,27 +13,22 @@ sm80/sm90 ahead of time (`aot_compile`), which catches code that only the interp
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from minillm import config
+from minillm.kernels.triton_launch import (HAS_TRITON, compile_for_target, compile_in_child, in_process_compile_ok,
+                                           kernel_device, launch, pointer_type)
 from minillm.quant.formats import QuantizedWeight
 
-try:
+if HAS_TRITON:
     import triton
     import triton.language as tl
-    _HAS_TRITON = True
-except ImportError:  # pragma: no cover - triton ships with the project's requirements
-    _HAS_TRITON = False
 
 KERNEL_NAME = "qgemm_kernel"
 
-if _HAS_TRITON:
+if HAS_TRITON:
     @triton.jit
     def _per_block(q, s, mn, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         """q [BLOCK_N, BLOCK_K / 2] (a half-tile: 16 columns per quantization block) times its blocks' scales s
@@ -93,11 +88,13 @@ if _HAS_TRITON:
             tl.store(ys, acc.to(y_ptr.dtype.element_ty), mask=ymask)
         else:   # y is a zeroed float32 buffer the K-slices add into
             tl.atomic_add(ys, acc, mask=ymask)
+else:  # pragma: no cover
+    qgemm_kernel = None
 
 
 def triton_available() -> bool:
     """The kernel can run here: triton with a CUDA GPU, or the interpreter (TRITON_INTERPRET=1 set before import)."""
-    return _HAS_TRITON and (torch.cuda.is_available() or config.triton_interpret())
+    return kernel_device(qgemm_kernel) is not None
 
 
 @dataclass(frozen=True)
@@ -145,63 +142,49 @@ def qlinear_triton(x: torch.Tensor, qw: QuantizedWeight, config: TileConfig | No
         raise ValueError(f"{c}: block_k must be a multiple of 32, block_m and block_n at least 16, split_k >= 1")
     split = c.split_k > 1
     y = (torch.zeros if split else torch.empty)(m, n, dtype=torch.float32 if split else x.dtype, device=x.device)
-    if m:
-        grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), c.split_k)
-        qgemm_kernel[grid](x2, qw.qweight, qw.scales, qw.mins if qw.mins is not None else qw.scales, y,
-                           m, n, k, x2.stride(0), y.stride(0), GROUP=qw.group_size, INT4=qw.kind == "int4",
-                           BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
-                           IEEE=x2.dtype == torch.float32, num_warps=c.num_warps)
+    launch(qgemm_kernel, (-(-m // c.block_m), -(-n // c.block_n), c.split_k),
+           x2, qw.qweight, qw.scales, qw.mins if qw.mins is not None else qw.scales, y,
+           m, n, k, x2.stride(0), y.stride(0), GROUP=qw.group_size, INT4=qw.kind == "int4",
+           BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
+           IEEE=x2.dtype == torch.float32, num_warps=c.num_warps)
     return y.to(x.dtype).view(*lead, n)
 
 
 def qlinear_cuda(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     """The GPU path: the Triton kernel when triton is installed, else dequantize then matmul (same numbers up to
     accumulation order)."""
-    if _HAS_TRITON and x.is_cuda:
+    if HAS_TRITON and x.is_cuda:
         return qlinear_triton(x, qw)
     return F.linear(x, qw.dequantize(x.dtype))
 
 
-# Ahead-of-time compilation for a GPU target without a GPU (see triton_paged_attention.py for why it needs a child
-# process when this one runs the interpreter).
-_ELT = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
-
+# Ahead-of-time compilation for a GPU target without a GPU (triton_launch.py).
 
 def _compile(arch: int, dtype: str, kind: str, rows: int = 1) -> dict:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    elt = _ELT[dtype]
-    signature = {"x_ptr": f"*{elt}", "w_ptr": "*u8" if kind == "int4" else "*i8", "scales_ptr": "*fp16",
-                 "mins_ptr": "*fp16", "y_ptr": f"*{elt}", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-                 "stride_ym": "i32", "GROUP": "constexpr", "INT4": "constexpr", "BLOCK_M": "constexpr",
-                 "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "SPLIT_K": "constexpr", "IEEE": "constexpr"}
+    signature = {"x_ptr": pointer_type(dtype), "w_ptr": "*u8" if kind == "int4" else "*i8", "scales_ptr": "*fp16",
+                 "mins_ptr": "*fp16", "y_ptr": pointer_type(dtype), "M": "i32", "N": "i32", "K": "i32",
+                 "stride_xm": "i32", "stride_ym": "i32"}
     c = tile_config(rows, 4096, 4096, 132)     # the launch a 4096-wide layer gets on an H100 at `rows` rows
     if c.split_k > 1:   # the split-K launch adds into a float32 buffer
         signature["y_ptr"] = "*fp32"
     constexprs = {"GROUP": 32, "INT4": kind == "int4", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n,
                   "BLOCK_K": c.block_k, "SPLIT_K": c.split_k, "IEEE": dtype == "fp32"}
-    attrs = {(list(signature).index(n),): [["tt.divisibility", 16]] for n in signature if n.endswith("_ptr")}
-    src = ASTSource(fn=qgemm_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    asm = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": c.num_warps}).asm
+    asm = compile_for_target(qgemm_kernel, signature, constexprs, arch, c.num_warps)
     return {"ptx": asm["ptx"], "cubin_bytes": len(asm["cubin"])}
+
+
+def _compile_all(jobs: list) -> list:
+    return [_compile(*job) for job in jobs]
 
 
 def aot_compile(jobs: list[tuple[int, str, str]]) -> dict:
     """Compile the kernel for each (arch, activation dtype, weight kind[, rows]), e.g. (90, "bf16", "int4", 1), with
     the launch tile_config gives a 4096-wide layer at that many rows (1: split-K decode; 256: prefill tiles):
     {job: {"ptx": str, "cubin_bytes": int}}. In a process that runs the interpreter, one child process without
-    TRITON_INTERPRET compiles them all."""
-    if not _HAS_TRITON:
+    TRITON_INTERPRET compiles them all. Raises KernelCompileError (a RuntimeError) when the child fails."""
+    if not HAS_TRITON:
         raise RuntimeError("triton is not installed")
     jobs = [(int(j[0]), str(j[1]), str(j[2]), int(j[3]) if len(j) > 3 else 1) for j in jobs]
-    if not config.triton_interpret():
-        return {job: _compile(*job) for job in jobs}
-    done = subprocess.run([sys.executable, "-m", "minillm.kernels.triton_qgemm", json.dumps(jobs)],
-                          capture_output=True, text=True, env=config.gpu_compile_env())
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling {KERNEL_NAME} failed:\n{done.stderr.strip()[-2000:]}")
-    return dict(zip(jobs, json.loads(done.stdout)))
-
-
-if __name__ == "__main__":   # the child process of aot_compile
-    print(json.dumps([_compile(*job) for job in json.loads(sys.argv[1])]))
+    if in_process_compile_ok(qgemm_kernel):
+        return dict(zip(jobs, _compile_all(jobs)))
+    return dict(zip(jobs, compile_in_child(__file__, "_compile_all", jobs)))
