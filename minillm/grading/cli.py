@@ -20,6 +20,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
 
 DEFAULT_TIMEOUT = 600
 
@@ -50,7 +54,7 @@ def find_notebooks(path: Path) -> list[Path]:
     return found
 
 
-def _error(cell) -> dict | None:
+def _error(cell: NotebookNode) -> dict | None:
     """The cell's first error output (nbformat's: ename, evalue, traceback), or None."""
     for out in cell.get("outputs", []):
         if out.get("output_type") == "error":
@@ -84,11 +88,11 @@ def _answer_cells(cells: list, at: int, grade_id: str) -> list[int]:
     return [i for i in between if _meta(cells[i]).get("solution")] or between
 
 
-def _meta(cell) -> dict:
+def _meta(cell: NotebookNode) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
-def _is_graded(cell) -> bool:
+def _is_graded(cell: NotebookNode) -> bool:
     return cell.cell_type == "code" and bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
 
 
@@ -119,7 +123,7 @@ def _answer_trouble(cells: list, answers: list[int], grade_id: str, timeout: int
     return None
 
 
-def _checksum_ok(cell) -> bool:
+def _checksum_ok(cell: NotebookNode) -> bool:
     """A release notebook carries nbgrader checksums of its locked cells: a graded cell whose source was
     edited (e.g. the checker call deleted) must not score. Solutions notebooks carry no checksum."""
     expected = cell.metadata.get("nbgrader", {}).get("checksum")
@@ -199,7 +203,7 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def cmd_grade(args) -> int:
+def cmd_grade(args: argparse.Namespace) -> int:
     try:
         notebooks = find_notebooks(Path(args.path))
     except (FileNotFoundError, ValueError) as e:
@@ -226,7 +230,7 @@ def cmd_grade(args) -> int:
     return 0 if got == total else 1
 
 
-def add_grade_parser(subparsers) -> argparse.ArgumentParser:
+def add_grade_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `minillm grade PATH` on the main CLI's subparsers."""
     p = subparsers.add_parser(
         "grade", help="run a lab notebook headless and print its scorecard (score: X/Y)",

@@ -272,13 +272,13 @@ class Watch:
         sys.settrace(self._trace)
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         sys.settrace(self.previous)
         if _WATCHES and _WATCHES[-1] is self:
             _WATCHES.pop()
         return False
 
-    def _trace(self, frame, event, arg):
+    def _trace(self, frame: types.FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
         code = frame.f_code
         if self.seen is None and (code in self.engine or (code in self.oracles and self._under_learner(frame))):
             self.seen, self.seen_engine = code, code in self.engine
@@ -288,7 +288,7 @@ class Watch:
             del self.calls[:-_KEPT_CALLS]
         return self.previous(frame, event, arg) if self.previous is not None else None
 
-    def _call(self, frame) -> str:
+    def _call(self, frame: types.FrameType) -> str:
         code = frame.f_code
         names = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
         star = code.co_argcount + code.co_kwonlyargcount
@@ -312,7 +312,7 @@ class Watch:
         fn = code.co_name if code.co_name != "<lambda>" or not self.answer_name else self.answer_name
         return _clip(f"{fn}({', '.join(shown)})", 600)
 
-    def _under_learner(self, frame) -> bool:
+    def _under_learner(self, frame: types.FrameType) -> bool:
         f = frame.f_back
         while f is not None and f is not self.entry:
             if _is_learner_code(f.f_code, f.f_globals):
@@ -485,7 +485,7 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: "
     last: dict = {}
     inner = configured.hypothesis.inner_test
 
-    def one_example(*args, **kwargs):
+    def one_example(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         last.clear()
         last.update(args=args, kwargs=kwargs)
@@ -507,7 +507,8 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: "
                            own_hint if own_hint is not None else hint) from None
 
 
-def _example_text(example, watch: "Watch | None", inner, last: dict, exc: BaseException) -> str | None:
+def _example_text(example: bool | Callable[..., str], watch: "Watch | None", inner: Callable[..., Any], last: dict,
+                  exc: BaseException) -> str | None:
     if example is False:
         return None
     if watch is not None and watch.answer and not watch.method_calls:      # a function answer: its call
@@ -592,7 +593,7 @@ def _arm() -> None:
     signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), 1.0)     # and again every second, should it be swallowed
 
 
-def _on_alarm(signum, frame) -> None:
+def _on_alarm(signum: int, frame: types.FrameType | None) -> None:
     now = time.monotonic()
     expired = [x for x in _LIMITS if x.deadline <= now + 0.01]
     if not expired:

@@ -22,7 +22,7 @@ compared across repeated runs, batch compositions, positions and states of torch
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import torch
 from hypothesis import assume, example, given, strategies as st
@@ -65,7 +65,7 @@ def _softmax(x: dict) -> dict:
     return {i: v / z for i, v in w.items()}
 
 
-def reference_row(logits, temperature: float, top_k: int, top_p: float, min_p: float) -> Expected:
+def reference_row(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> Expected:
     """One row by the definitions, in float64 Python (logits: a list of floats)."""
     V = len(logits)
     x = {i: float(v) / temperature for i, v in enumerate(logits)}             # 1. temperature
@@ -108,7 +108,8 @@ def reference_row(logits, temperature: float, top_k: int, top_p: float, min_p: f
     return Expected(frozenset(x), tempered, frozenset(free), reach, fragile, 1e-5 + 10 * delta)
 
 
-def reference_process_logits(logits, temperature, top_k, top_p, min_p) -> list:
+def reference_process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                             min_p: torch.Tensor) -> list:
     """The oracle for a batch: one Expected per row, each with its own settings."""
     return [reference_row(logits[i].tolist(), float(temperature[i]), int(top_k[i]), float(top_p[i]),
                           float(min_p[i])) for i in range(logits.shape[0])]
@@ -116,7 +117,7 @@ def reference_process_logits(logits, temperature, top_k, top_p, min_p) -> list:
 
 # --------------------------------------------------------------------------- lab06_1 known mistakes
 
-def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
+def _mistaken_row(logits: list[float], T: float, k: int, p: float, m: float, mistake: str) -> Expected:
     """One row done wrong in a known way (for diagnosis only)."""
     V = len(logits)
     raw = {i: float(v) for i, v in enumerate(logits)}
@@ -128,10 +129,10 @@ def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
     judge = raw if mistake == "raw" else x              # what the truncations look at
     alive = set(x)
 
-    def softmax_of(ids):
+    def softmax_of(ids: Iterable[int]) -> dict:
         return _softmax({i: judge[i] for i in ids})
 
-    def min_p_step(ids):
+    def min_p_step(ids: set[int]) -> set[int]:
         if m <= 0:
             return ids
         if mistake == "min_p_on_logits":
@@ -142,7 +143,7 @@ def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
 
     free = set()
 
-    def top_k_step(ids):
+    def top_k_step(ids: set[int]) -> set[int]:
         kk = k
         if kk <= 0 and mistake == "k_zero_keeps_none":
             return set()
@@ -160,7 +161,7 @@ def _mistaken_row(logits, T, k, p, m, mistake: str) -> Expected:
             return set(ranked[:kk])
         return {i for i in ids if judge[i] >= kth}
 
-    def top_p_step(ids, mass_over):
+    def top_p_step(ids: set[int], mass_over: set[int]) -> set[int]:
         if p >= 1 or not ids:
             return ids
         probs = softmax_of(mass_over)
@@ -214,7 +215,7 @@ _PROCESS_MISTAKES = [
 ]
 
 
-def _mistaken(case, mistake):
+def _mistaken(case: tuple, mistake: str) -> Callable[[torch.Tensor], bool]:
     """A predicate: does a result (float64 [B, V]) match this mistake on `case`?"""
     logits, T, K, P, M = _lists(case)
     if mistake == "row0":
@@ -226,7 +227,7 @@ def _mistaken(case, mistake):
 
 # --------------------------------------------------------------------------- lab06_1 cases
 
-def _lists(case):
+def _lists(case: tuple) -> tuple:
     """A case -> (logits rows, temperatures, top_ks, top_ps, min_ps) as plain Python values (float32-exact)."""
     if case[0] == "rows":
         _, logits, T, K, P, M = case
@@ -242,7 +243,7 @@ def _lists(case):
     return x.tolist(), f32(T), [int(k) for k in K], f32(P), f32(M)
 
 
-def _tensors(case):
+def _tensors(case: tuple) -> tuple[torch.Tensor, ...]:
     logits, T, K, P, M = _lists(case)
     return (torch.tensor(logits, dtype=torch.float32), torch.tensor(T, dtype=torch.float32),
             torch.tensor(K, dtype=torch.int64), torch.tensor(P, dtype=torch.float32),
@@ -250,7 +251,7 @@ def _tensors(case):
 
 
 @st.composite
-def _process_cases(draw):
+def _process_cases(draw: st.DrawFn) -> tuple:
     B = draw(st.integers(1, 5))
     V = draw(st.sampled_from([3, 2, 8, 33, 64, 300]))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -287,12 +288,12 @@ _PROBES = [_CASE_CROSSING, _CASE_TEMPERATURE_FIRST, _CASE_PER_ROW, _CASE_MIN_P, 
 
 # --------------------------------------------------------------------------- lab06_1 comparing
 
-def _ids(s, limit: int = 10) -> str:
+def _ids(s: Iterable[int], limit: int = 10) -> str:
     s = sorted(s)
     return "[" + ", ".join(map(str, s[:limit])) + (f", ... ({len(s)} tokens)" if len(s) > limit else "") + "]"
 
 
-def _read_result(out, B: int, V: int) -> torch.Tensor:
+def _read_result(out: Any, B: int, V: int) -> torch.Tensor:
     """The learner's result as a float64 tensor, after the checks of its form."""
     __tracebackhide__ = True
     t = as_tensor(out, "process_logits's result")
@@ -303,7 +304,7 @@ def _read_result(out, B: int, V: int) -> torch.Tensor:
     return t.double()
 
 
-def _mismatch(t: torch.Tensor, expected: list, settings=None) -> str | None:
+def _mismatch(t: torch.Tensor, expected: list, settings: tuple | None = None) -> str | None:
     """None when every row of t (float64 [B, V]) keeps what `expected` keeps with the same distribution."""
     for i, e in enumerate(expected):
         row = t[i]
@@ -342,19 +343,19 @@ def _mismatch(t: torch.Tensor, expected: list, settings=None) -> str | None:
     return None
 
 
-def _settings(case):
+def _settings(case: tuple) -> tuple:
     _, T, K, P, M = _lists(case)
     return T, K, P, M
 
 
-def _call_process(fn, case) -> torch.Tensor:
+def _call_process(fn: Callable[..., Any], case: tuple) -> torch.Tensor:
     """Call the learner's function on fresh tensors of the case; its result as float64 (form checked)."""
     logits, *rest = _tensors(case)
     return _read_result(fn(logits.clone(), *[r.clone() for r in rest]), *logits.shape)
 
 
-def _diagnose_process(fn, case) -> str | None:
-    def learner(c):
+def _diagnose_process(fn: Callable[..., Any], case: tuple) -> str | None:
+    def learner(c: tuple) -> torch.Tensor | None:
         try:
             return _call_process(fn, c)
         except GradingError:
@@ -365,7 +366,7 @@ def _diagnose_process(fn, case) -> str | None:
                     lambda out, matches: out is not None and matches(out))
 
 
-def _shift_mistake(fn, case) -> str | None:
+def _shift_mistake(fn: Callable[..., Any], case: tuple) -> str | None:
     """Logits in the hundreds or thousands: does the answer become right once each row is shifted to max 0?"""
     logits, T, K, P, M = _lists(case)
     if max(abs(v) for row in logits for v in row) < 40:
@@ -405,7 +406,7 @@ def _form_mistake(t: torch.Tensor, expected: list) -> str | None:
     return None
 
 
-def verify_lab06_1(process_logits):
+def verify_lab06_1(process_logits: Callable[..., Any]) -> None:
     @given(case=_process_cases())
     @example(case=_CASE_CROSSING)                 # top-p keeps the crossing token
     @example(case=_CASE_TEMPERATURE_FIRST)        # temperature before min-p / top-p
@@ -416,7 +417,7 @@ def verify_lab06_1(process_logits):
     @example(case=_CASE_MIN_P_BEFORE_TOP_P)       # min-p before top-p
     @example(case=_CASE_MAGNITUDES)               # logits around -1000 and +90, T = 0.3: exp() must not overflow
     @example(case=_CASE_MIXED)
-    def prop(case):
+    def prop(case: tuple) -> None:
         logits, T, K, P, M = _tensors(case)
         expected = reference_process_logits(logits, T, K, P, M)
         assume(not any(e.fragile for e in expected))
@@ -446,7 +447,7 @@ def verify_lab06_1(process_logits):
     _inside_the_sampler(process_logits)
 
 
-def _inside_the_sampler(process_logits) -> None:
+def _inside_the_sampler(process_logits: Callable[..., Any]) -> None:
     """The function as minillm's Sampler calls it (its ProcessFn seam): only the sampled rows, columns it builds
     from SamplingParams (top_k = -1 included); greedy rows never reach it."""
     __tracebackhide__ = True
@@ -480,7 +481,7 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _draw(draw, probs: torch.Tensor, generators: list, what: str = "draw's result") -> torch.Tensor:
+def _draw(draw: Callable[..., Any], probs: torch.Tensor, generators: list, what: str = "draw's result") -> torch.Tensor:
     """Call the learner's draw; its tokens after the checks of their form."""
     __tracebackhide__ = True
     B, V = probs.shape
@@ -502,7 +503,7 @@ def _draw(draw, probs: torch.Tensor, generators: list, what: str = "draw's resul
     return t
 
 
-def _one_hot_rows(draw) -> None:
+def _one_hot_rows(draw: Callable[..., Any]) -> None:
     """A row whose probability is all on one token must give that token, first and last ids included."""
     V, hot = 9, [0, 8, 4, 4, 2, 7, 1]
     probs = torch.zeros(len(hot), V)
@@ -541,7 +542,7 @@ CALLS = 12                # calls with the same (persistent) generators: 256 x 1
 P_MIN = 1e-6              # every chi-square p-value must exceed this
 
 
-def _counts_check(draw) -> None:
+def _counts_check(draw: Callable[..., Any]) -> None:
     """Pearson chi-square of the counts against probs, seeded rows (one generator per row, persistent across calls)
     and unseeded rows (torch's global generator, seeded here) tested apart."""
     dists = _distributions()
@@ -581,7 +582,8 @@ def _counts_check(draw) -> None:
                      "softmax, no power), a fresh random number for every row and every call.")
 
 
-def _count_why(counts, p, draws, rows, seeded, probs) -> str:
+def _count_why(counts: torch.Tensor, p: torch.Tensor, draws: torch.Tensor, rows: torch.Tensor, seeded: torch.Tensor,
+               probs: torch.Tensor) -> str:
     """Name the known mistake behind counts that do not follow p (empty when none fits)."""
     toks = draws[:, rows]
     if bool((toks == probs[rows].argmax(-1)[None]).all()):
@@ -611,14 +613,14 @@ def _count_why(counts, p, draws, rows, seeded, probs) -> str:
     return ""
 
 
-def _row_tokens(draw, probs, gens, calls: int, global_seed: int) -> torch.Tensor:
+def _row_tokens(draw: Callable, probs: torch.Tensor, gens: list, calls: int, global_seed: int) -> torch.Tensor:
     """[calls, B] tokens over successive calls with the same generators, after seeding torch's global RNG."""
     torch.manual_seed(global_seed)
     return torch.stack([_draw(draw, probs, gens) for _ in range(calls)])
 
 
 @st.composite
-def _draw_rows(draw, max_rows: int = 5):
+def _draw_rows(draw: st.DrawFn, max_rows: int = 5) -> tuple[torch.Tensor, list]:
     V = draw(st.sampled_from([2, 5, 50, 1000]))
     B = draw(st.integers(1, max_rows))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -632,7 +634,7 @@ def _draw_rows(draw, max_rows: int = 5):
     return x.softmax(-1), seeds
 
 
-def verify_lab06_2(draw):
+def verify_lab06_2(draw: Callable[..., Any]) -> None:
     with torch.random.fork_rng(devices=[]):              # the notebook's global RNG is left as it was
         _counts_check(draw)
         _one_hot_rows(draw)
@@ -641,10 +643,10 @@ def verify_lab06_2(draw):
         _inside_the_sampler_draw(draw)
 
 
-def _reproducible(draw) -> None:
+def _reproducible(draw: Callable[..., Any]) -> None:
     @given(rows=_draw_rows(), globals_=st.tuples(st.integers(0, 1000), st.integers(1001, 2000)))
     @example(rows=(torch.full((3, 4), 0.25), [1, 2, 3]), globals_=(0, 1))
-    def prop(rows, globals_):
+    def prop(rows: tuple[torch.Tensor, list], globals_: tuple[int, int]) -> None:
         probs, seeds = rows
         seeds = [s if s is not None else 99 + i for i, s in enumerate(seeds)]     # every row seeded here
         first = _row_tokens(draw, probs, [_gen(s) for s in seeds], 3, globals_[0])
@@ -685,12 +687,12 @@ def _situations() -> list:
     ]
 
 
-def _seeded_row_tokens(draw, gens: list, at: int, global_seed: int, calls: int = 4) -> list:
+def _seeded_row_tokens(draw: Callable[..., Any], gens: list, at: int, global_seed: int, calls: int = 4) -> list:
     probs = torch.full((len(gens), 16), 1.0 / 16)
     return _row_tokens(draw, probs, gens, calls, global_seed)[:, at].tolist()
 
 
-def _independent(draw) -> None:
+def _independent(draw: Callable[..., Any]) -> None:
     """A seeded row's tokens are a function of its generator alone: first in fixed situations, each named (the
     feedback says which change moved the tokens, and so which mistake it is), then in random batches."""
     __tracebackhide__ = True
@@ -705,7 +707,7 @@ def _independent(draw) -> None:
     @given(rows=_draw_rows(max_rows=6), at=st.integers(0, 5), seed=st.integers(0, 2**40),
            globals_=st.tuples(st.integers(0, 1000), st.integers(1001, 2000)))
     @example(rows=(torch.full((2, 6), 1 / 6), [None, None]), at=1, seed=8, globals_=(2, 3))
-    def prop(rows, at, seed, globals_):
+    def prop(rows: tuple[torch.Tensor, list], at: int, seed: int, globals_: tuple[int, int]) -> None:
         probs, seeds = rows
         at = at % probs.shape[0]
         alone = _row_tokens(draw, probs[at:at + 1], [_gen(seed)], 3, globals_[0])[:, 0]
@@ -738,7 +740,7 @@ def _independence_why(seen: dict) -> str:
             "from it")
 
 
-def _inside_the_sampler_draw(draw) -> None:
+def _inside_the_sampler_draw(draw: Callable[..., Any]) -> None:
     """draw as minillm's Sampler calls it (its DrawFn seam): only the sampled rows, each with its request's
     generator; greedy rows never reach it."""
     __tracebackhide__ = True
@@ -776,12 +778,10 @@ TASKS = {t.id: t for t in (
          engine=minillm_objects("minillm.sampling.sampler:draw")),
 )}
 
-
 check_lab06_1 = TASKS["lab06_1"].checker(
     'process_logits(logits [B, V], temperature [B], top_k [B], top_p [B], min_p [B]) -> logits [B, V], dropped = '
     '-inf; per row: temperature -> min-p -> top-k -> top-p.')
 check_lab06_2 = TASKS["lab06_2"].checker(
     'draw(probs [B, V], generators: list of B torch.Generator | None) -> int64 [B], row i drawn with generators[i].')
-
 
 seal(globals())

@@ -28,6 +28,8 @@ same tokens whatever torch's global RNG does). lab07_2: the definition as plain 
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 import torch
 from hypothesis import example, given, strategies as st
 
@@ -82,7 +84,7 @@ def _ratio(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(q > 0, p / q.clamp_min(1e-300), torch.ones_like(p)).clamp(max=1.0)
 
 
-def _residual_rows(p, q):
+def _residual_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (p - q).clamp_min(0).expand(p.numel(), -1)
 
 
@@ -110,7 +112,8 @@ MISTAKES = [
 ]
 
 
-def single_step(p: torch.Tensor, q: torch.Tensor, accept=None, final=None) -> tuple[float, torch.Tensor]:
+def single_step(p: torch.Tensor, q: torch.Tensor, accept: Callable[..., torch.Tensor] | None = None,
+                final: Callable[..., torch.Tensor] | None = None) -> tuple[float, torch.Tensor]:
     """The exact outcome at one draft position when the draft x ~ q is accepted with probability accept(p, q)[x]
     and a rejection draws from the normalized row x of final(p, q): (P(accept), distribution of the emitted
     token). With the right rule (the defaults) that distribution is p itself."""
@@ -124,11 +127,12 @@ def single_step(p: torch.Tensor, q: torch.Tensor, accept=None, final=None) -> tu
     return float((q * a).sum()), emitted
 
 
-def _fmt(row) -> str:
+def _fmt(row: torch.Tensor) -> str:
     return "[" + ", ".join(f"{float(v):.3f}" for v in row) + "]"
 
 
-def _call_rule(rule, p, drafts, q, generator, where, careful: bool = False) -> list[int]:
+def _call_rule(rule: Callable[..., Any], p: torch.Tensor, drafts: Sequence[int], q: torch.Tensor,
+               generator: torch.Generator | None, where: Callable[[], str], careful: bool = False) -> list[int]:
     """Call the rule on one request; read its result with exact types and check its shape. where() describes the
     request (only built for a message). careful: call it on copies, and fail if it changed its inputs."""
     __tracebackhide__ = True
@@ -170,13 +174,13 @@ def _call_rule(rule, p, drafts, q, generator, where, careful: bool = False) -> l
     return toks
 
 
-def _describe(p, q, drafts) -> str:
+def _describe(p: torch.Tensor, q: torch.Tensor, drafts: Sequence[int]) -> str:
     k = len(drafts)
     return f"a request with k = {k}, V = {p.shape[1]}, drafts {list(drafts)}" + \
         (f", p rows {[_fmt(r) for r in p]}, q rows {[_fmt(r) for r in q]}" if p.shape[1] <= 6 and k <= 3 else "")
 
 
-def _run_case(rule, name: str):
+def _run_case(rule: Callable[..., Any], name: str) -> tuple:
     """Run the rule on every request of a statistical case. Returns (p, q rows or None for one-hot, counts [k+1, V]:
     tokens emitted at each position, accepted [k] and reached [k]: per draft position, how many requests accepted
     the draft there / got that far, the right rule's acceptance rate per position, the longest result)."""
@@ -196,15 +200,12 @@ def _run_case(rule, name: str):
                               for j in range(k)], 1) if k else torch.zeros(n, 0, dtype=torch.long)
         qs = None
     p_before, q_before = p.clone(), (qs if qs is not None else q_shared).clone()
+    gen = None if seed is None else _seeded(seed)
     if seed is None:
         torch.manual_seed(GLOBAL_SEED)
-        gen = None
-    else:
-        gen = _seeded(seed)
     p_list = p.double().tolist()
     counts = [[0] * V for _ in range(k + 1)]
-    accepted, reached, kept_chance = [0] * k, [0] * k, [0.0] * k
-    longest = 0
+    accepted, reached, kept_chance, longest = [0] * k, [0] * k, [0.0] * k, 0
     for i, d in enumerate(drafts.tolist()):
         q = qs[i] if qs is not None else q_shared
         toks = _call_rule(rule, p, d, q, gen,
@@ -236,7 +237,8 @@ def _acceptance_test(accepted: int, reached: int, alpha: float) -> float:
     return chi_square([accepted, reached - accepted], [alpha, 1 - alpha]).p_value
 
 
-def _name_mistake(p0, q0, accepted0: int, reached0: int, counts0) -> str | None:
+def _name_mistake(p0: torch.Tensor, q0: torch.Tensor, accepted0: int, reached0: int,
+                  counts0: torch.Tensor) -> str | None:
     """The known mistake whose exact outcome at the first position fits the counts best (acceptance and tokens),
     if it fits at all (p-value above FITS for both)."""
     best, best_fit = None, FITS
@@ -261,7 +263,7 @@ _STAT_HINT = Hint(
     _STAT_HINT_SHOW)
 
 
-def _statistics(rule) -> None:
+def _statistics(rule: Callable[..., Any]) -> None:
     __tracebackhide__ = True
     for name, (what, _p, _q, _guesses, n, _dtype, _seed) in STAT_CASES.items():
         p, q, counts, accepted, reached, alphas, longest = _run_case(rule, name)
@@ -308,16 +310,15 @@ def _seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _reproducibility(rule) -> None:
+def _reproducibility(rule: Callable[..., Any]) -> None:
     """The same seeded generator gives the same tokens whatever torch's global RNG does; with generator=None,
     torch.manual_seed reproduces the tokens."""
     __tracebackhide__ = True
-    p = torch.tensor(DENSE_P, dtype=torch.float64)
-    q = torch.tensor(DENSE_Q, dtype=torch.float64)
+    p, q = torch.tensor(DENSE_P, dtype=torch.float64), torch.tensor(DENSE_Q, dtype=torch.float64)
     g = _seeded(5)
     drafts = torch.stack([torch.multinomial(q[j], 40, replacement=True, generator=g) for j in range(3)], 1).tolist()
 
-    def run(global_seed, gen_seed):
+    def run(global_seed: int, gen_seed: int | None) -> list[list[int]]:
         torch.manual_seed(global_seed)
         gen = _seeded(gen_seed) if gen_seed is not None else None
         return [_call_rule(rule, p, d, q, gen, lambda: f"{_describe(p, q, d)} (the reproducibility check)")
@@ -346,7 +347,7 @@ def _reproducibility(rule) -> None:
 
 # The exact properties: cases built from a seed (the same case for the same draw).
 
-def _random_rows(g, rows: int, V: int) -> torch.Tensor:
+def _random_rows(g: torch.Generator, rows: int, V: int) -> torch.Tensor:
     """Random distributions with ~30% zeros (never the row's largest entry)."""
     logits = torch.randn(rows, V, generator=g, dtype=torch.float64) * 2
     drop = torch.rand(rows, V, generator=g) < 0.3
@@ -355,7 +356,7 @@ def _random_rows(g, rows: int, V: int) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True)
 
 
-def _make_rule_case(kind: str, k: int, V: int, dtype, seed: int):
+def _make_rule_case(kind: str, k: int, V: int, dtype: torch.dtype, seed: int) -> tuple:
     g = _seeded(seed)
     p = _random_rows(g, k + 1, V)
     if kind == "dense":
@@ -385,7 +386,7 @@ def _make_rule_case(kind: str, k: int, V: int, dtype, seed: int):
 _KINDS = ["dense", "one_hot", "same", "greedy", "greedy_dense"]
 
 
-def verify_lab07_1(rule) -> None:
+def verify_lab07_1(rule: Callable[..., Any]) -> None:
     state = torch.random.get_rng_state()
     try:
         _statistics(rule)
@@ -399,7 +400,7 @@ def verify_lab07_1(rule) -> None:
         @example(kind="dense", k=0, V=7, dtype="float32", seed=4, gen=True)         # nothing drafted
         @example(kind="one_hot", k=5, V=300, dtype="float32", seed=5, gen=True)     # token ids above 256
         @example(kind="dense", k=2, V=49152, dtype="float32", seed=6, gen=True)     # SmolLM2's vocabulary
-        def prop(kind, k, V, dtype, seed, gen):
+        def prop(kind: str, k: int, V: int, dtype: str, seed: int, gen: bool) -> None:
             p, drafts, q = _make_rule_case(kind, k, V, getattr(torch, dtype), seed)
             generator = _seeded(seed + 1) if gen else None       # not the stream the case was drawn from
             what = f"{_describe(p, q, drafts)} ({dtype}, {kind} case)"
@@ -443,7 +444,7 @@ def verify_lab07_1(rule) -> None:
 
 # --------------------------------------------------------------------------- lab07_2 the n-gram lookup
 
-def reference_find_ngram_draft(token_ids, k, min_n, max_n):
+def reference_find_ngram_draft(token_ids: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
     """The definition as loops: for n = max_n down to min_n, scan the starts s from the latest (len - n - 1, so
     that the occurrence ends before the last token) to 0; at the first s whose n tokens equal the last n tokens,
     return the up to k tokens after it."""
@@ -459,8 +460,9 @@ def reference_find_ngram_draft(token_ids, k, min_n, max_n):
     return []
 
 
-def _lookup_variant(tokens, k, min_n, max_n, *, latest=True, longest_first=True, own=False, last_start=1,
-                    overlap=True, take="follow"):
+def _lookup_variant(tokens: Sequence[int], k: int, min_n: int, max_n: int, *, latest: bool = True,
+                    longest_first: bool = True, own: bool = False, last_start: int = 1, overlap: bool = True,
+                    take: str = "follow") -> list[int]:
     """reference_find_ngram_draft with one known mistake switched on."""
     tokens = list(tokens)
     L = len(tokens)
@@ -515,7 +517,7 @@ _LOOKUP_PROBES = [
 ]
 
 
-def _as_draft(x):
+def _as_draft(x: Any) -> list[int] | None:
     try:
         return as_ints(x, "the lookup's result")
     except GradingError:
@@ -526,7 +528,7 @@ _NGRAM_ALPHABETS = [(0, 1), (0, 1, 2), (5, 6, 7, 8), (1, 2, 12, 21, 121), (3, 25
 
 
 @st.composite
-def _ngram_cases(draw):
+def _ngram_cases(draw: st.DrawFn) -> tuple[list[int], int, int, int]:
     alphabet = draw(st.sampled_from(_NGRAM_ALPHABETS))
     if draw(st.booleans()):
         tokens = draw(st.lists(st.sampled_from(alphabet), max_size=40))
@@ -537,7 +539,7 @@ def _ngram_cases(draw):
     return tokens, draw(st.integers(1, 8)), min_n, min_n + draw(st.integers(0, 3))
 
 
-def verify_lab07_2(find_ngram_draft) -> None:
+def verify_lab07_2(find_ngram_draft: Callable[..., Any]) -> None:
     @given(case=_ngram_cases())
     @example(case=([1, 2, 5, 1, 2, 6, 1, 2], 2, 1, 2))            # the latest occurrence, not the earliest
     @example(case=([3, 1, 2, 7, 4, 2, 8, 1, 2], 2, 1, 2))         # the longest n first
@@ -549,7 +551,7 @@ def verify_lab07_2(find_ngram_draft) -> None:
     @example(case=([1, 21, 5, 12, 1, 2], 2, 2, 2))                # "1","21" is not "12": ids are not digits
     @example(case=([], 3, 1, 3))
     @example(case=([5], 2, 1, 1))
-    def prop(case):
+    def prop(case: tuple[list[int], int, int, int]) -> None:
         tokens, k, min_n, max_n = case
         given_tokens = list(tokens)
         try:
@@ -594,7 +596,6 @@ TASKS = {t.id: t for t in (
          oracles=lambda: [reference_find_ngram_draft]),
 )}
 
-
 check_lab07_1 = TASKS["lab07_1"].checker(
     'rule(target_probs [k+1, V], draft_token_ids (k ints), draft_probs [k, V], generator) -> the accepted drafts '
     'then one token: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)), resample from normalize(max(p_j - '
@@ -602,6 +603,5 @@ check_lab07_1 = TASKS["lab07_1"].checker(
 check_lab07_2 = TASKS["lab07_2"].checker(
     'find_ngram_draft(token_ids, k, min_n, max_n) -> up to k tokens that followed the latest earlier occurrence of '
     'the last n tokens, longest n first.')
-
 
 seal(globals())

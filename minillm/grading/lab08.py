@@ -29,6 +29,7 @@ cases run first, each naming the mistake it catches; hypothesis draws the rest.
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 from hypothesis import example, given, strategies as st
@@ -106,7 +107,7 @@ def dequantize_ref(qw: QuantizedWeight) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- reading a QuantizedWeight
 
-def _read_qw(got, what: str, kind: str, n: int, k: int, g: int) -> QuantizedWeight:
+def _read_qw(got: Any, what: str, kind: str, n: int, k: int, g: int) -> QuantizedWeight:
     """The learner's result as a QuantizedWeight of exact types and shapes (copies of its tensors)."""
     __tracebackhide__ = True
     if type(got) is not QuantizedWeight:
@@ -153,14 +154,14 @@ def _where(mask: torch.Tensor) -> tuple[int, ...]:
 
 # --------------------------------------------------------------------------- lab08_1 quantize_int8
 
-def _int8_per_tensor(w):
+def _int8_per_tensor(w: torch.Tensor) -> QuantizedWeight:
     s = (w.float().abs().max() / 127).half()
     q = torch.clamp(torch.round(w.float() / s.float()), -127, 127).to(torch.int8)
     return QuantizedWeight("int8", q, s.expand(w.shape[0], 1).clone(), None, w.shape[1])
 
 
-def _int8_variant(rounding=torch.round, clamp=True):
-    def quant(w):
+def _int8_variant(rounding: Callable = torch.round, clamp: bool = True) -> Callable[..., QuantizedWeight]:
+    def quant(w: torch.Tensor) -> QuantizedWeight:
         s = (w.float().abs().amax(1, keepdim=True) / 127).half()
         safe = torch.where(s.float() > 0, s.float(), torch.ones(()))
         q = rounding(w.float() / safe)
@@ -192,7 +193,7 @@ _INT8_HINT = Hint(
 _TINY_ROW = torch.tensor([[7.6e-4, -3e-4] + [1e-5] * 30, [0.5, -1.0] + [0.25] * 30])
 
 
-def _int8_case(quantize_int8, w: torch.Tensor) -> None:
+def _int8_case(quantize_int8: Callable[..., Any], w: torch.Tensor) -> None:
     __tracebackhide__ = True
     n, k = w.shape
     given_ = w.clone()
@@ -220,7 +221,7 @@ def _int8_case(quantize_int8, w: torch.Tensor) -> None:
              f"{int(torch.round(exact[r, c]).clamp(-127, 127).item())}" + (f" — {why}" if why else ""), _INT8_HINT)
 
 
-def _same_qw(a, b) -> bool:
+def _same_qw(a: Any, b: QuantizedWeight) -> bool:
     return (type(a) is QuantizedWeight and a.kind == b.kind and a.group_size == b.group_size
             and all(type(x) is torch.Tensor for x in a.tensors())
             and [tuple(t.shape) for t in a.tensors()] == [tuple(t.shape) for t in b.tensors()]
@@ -236,7 +237,7 @@ def _weights(seed: int, n: int, k: int, spread: float, offset: float = 0.0) -> t
     return w + offset
 
 
-def verify_lab08_1(quantize_int8) -> None:
+def verify_lab08_1(quantize_int8: Callable[..., Any]) -> None:
     _int8_case(quantize_int8, torch.tensor([[0.5, -1.0] + [0.25] * 30, [0.01, 0.02] + [-0.005] * 30]))
     _int8_case(quantize_int8, _TINY_ROW.clone())
     _int8_case(quantize_int8, torch.cat([torch.zeros(1, 64), _weights(1, 3, 64, 2.0)]))   # an all-zero row
@@ -244,7 +245,7 @@ def verify_lab08_1(quantize_int8) -> None:
     @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 12), k=st.sampled_from([32, 64, 96, 160]),
            spread=st.sampled_from([0.0, 1.0, 3.0]))
     @example(seed=3, n=8, k=64, spread=3.0)
-    def prop(seed, n, k, spread):
+    def prop(seed: int, n: int, k: int, spread: float) -> None:
         _int8_case(quantize_int8, _weights(seed, n, k, spread))
 
     run_property(prop, max_examples=25, hint=_INT8_HINT)
@@ -252,8 +253,8 @@ def verify_lab08_1(quantize_int8) -> None:
 
 # --------------------------------------------------------------------------- lab08_2 quantize_int4
 
-def _int4_variant(symmetric=False, shift=0, clamp=True, nibbles="gguf"):
-    def quant(w, group_size):
+def _int4_variant(symmetric: bool = False, shift: int = 0, clamp: bool = True, nibbles: str = "gguf") -> Callable:
+    def quant(w: torch.Tensor, group_size: int) -> QuantizedWeight:
         n, k = w.shape
         x = w.float().reshape(n, k // group_size, group_size)
         if symmetric:
@@ -300,7 +301,7 @@ _INT4_HINT = Hint(
     "QuantizedWeight('int4', packed, s, m, G) — with s = 1 where it is 0.")
 
 
-def _int4_case(quantize_int4, w: torch.Tensor, g: int) -> None:
+def _int4_case(quantize_int4: Callable[..., Any], w: torch.Tensor, g: int) -> None:
     __tracebackhide__ = True
     n, k = w.shape
     given_ = w.clone()
@@ -337,7 +338,7 @@ def _int4_case(quantize_int4, w: torch.Tensor, g: int) -> None:
              f"{int(torch.round(exact[r, c]).clamp(0, 15).item())}{why()}", _INT4_HINT)
 
 
-def _int4_raises(quantize_int4, k: int, g: int) -> None:
+def _int4_raises(quantize_int4: Callable[..., Any], k: int, g: int) -> None:
     __tracebackhide__ = True
     w = _weights(k + g, 2, k, 1.0)
     try:
@@ -357,7 +358,7 @@ def _int4_raises(quantize_int4, k: int, g: int) -> None:
          "check k % group_size before quantizing and raise ValueError with a message that says what to change.")
 
 
-def verify_lab08_2(quantize_int4) -> None:
+def verify_lab08_2(quantize_int4: Callable[..., Any]) -> None:
     _int4_case(quantize_int4, _weights(0, 4, 64, 1.0, offset=0.3), 32)           # not centred on zero
     _int4_case(quantize_int4, _weights(1, 3, 128, 2.0), 32)                       # groups of different ranges
     far = 100.0 + torch.rand(2, 64, generator=torch.Generator().manual_seed(5)) * 0.5
@@ -371,7 +372,7 @@ def verify_lab08_2(quantize_int4) -> None:
     @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 8), blocks=st.integers(1, 6),
            g=st.sampled_from([32, 64, 128]), offset=st.sampled_from([0.0, 0.2, -1.0]))
     @example(seed=7, n=4, blocks=4, g=64, offset=0.2)
-    def prop(seed, n, blocks, g, offset):
+    def prop(seed: int, n: int, blocks: int, g: int, offset: float) -> None:
         _int4_case(quantize_int4, _weights(seed, n, blocks * g, 1.0, offset), g)
 
     run_property(prop, max_examples=25, hint=_INT4_HINT)
@@ -395,8 +396,8 @@ def _copy_qw(qw: QuantizedWeight) -> QuantizedWeight:
                            None if qw.mins is None else qw.mins.clone(), qw.group_size)
 
 
-def _deq_variant(nibbles="gguf", mins=True, groups="interleave"):
-    def deq(qw):
+def _deq_variant(nibbles: str = "gguf", mins: bool = True, groups: str = "interleave") -> Callable[..., torch.Tensor]:
+    def deq(qw: QuantizedWeight) -> torch.Tensor:
         n, k = qw.shape
         if qw.kind == "int4":
             p = qw.qweight.to(torch.int64)
@@ -433,7 +434,7 @@ _DEQ_HINT = Hint(
     ".repeat_interleave(G, dim=1) for int4).")
 
 
-def _deq_case(dequantize, qw: QuantizedWeight) -> None:
+def _deq_case(dequantize: Callable[..., Any], qw: QuantizedWeight) -> None:
     __tracebackhide__ = True
     given_ = _copy_qw(qw)
     got = as_tensor(dequantize(given_), "dequantize(qw)")
@@ -453,14 +454,14 @@ def _deq_case(dequantize, qw: QuantizedWeight) -> None:
              f"{want[r, c].item():.6g}" + (f" — {found}" if found else ""), _DEQ_HINT)
 
 
-def verify_lab08_3(dequantize) -> None:
+def verify_lab08_3(dequantize: Callable[..., Any]) -> None:
     for seed, (kind, n, k, g) in enumerate((("int8", 3, 64, 64), ("int4", 2, 64, 32), ("int4", 3, 128, 64),
                                             ("int8", 2, 96, 32))):
         _deq_case(dequantize, _random_qw(seed, kind, n, k, g))
 
     @given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(["int8", "int4"]), n=st.integers(1, 8),
            blocks=st.integers(1, 6), g=st.sampled_from([32, 64]))
-    def prop(seed, kind, n, blocks, g):
+    def prop(seed: int, kind: str, n: int, blocks: int, g: int) -> None:
         _deq_case(dequantize, _random_qw(seed, kind, n, blocks * g, g))
 
     run_property(prop, max_examples=25, hint=_DEQ_HINT)
@@ -476,7 +477,7 @@ _QLINEAR_HINT = Hint(
     "return x @ dequantize(qw).to(x.dtype).T")
 
 
-def _qlinear_case(qlinear, qw: QuantizedWeight, lead: tuple[int, ...], dtype: torch.dtype, seed: int) -> None:
+def _qlinear_case(qlinear: Callable, qw: QuantizedWeight, lead: tuple[int, ...], dtype: torch.dtype, seed: int) -> None:
     __tracebackhide__ = True
     n, k = qw.shape
     x = torch.randn(*lead, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
@@ -502,7 +503,7 @@ def _qlinear_case(qlinear, qw: QuantizedWeight, lead: tuple[int, ...], dtype: to
              f"{got[idx].item():.6g}, expected x · dequantize(W)ᵀ = {want[idx].item():.6g}{hint}", _QLINEAR_HINT)
 
 
-def verify_lab08_4(qlinear) -> None:
+def verify_lab08_4(qlinear: Callable[..., Any]) -> None:
     cases = ((("int4", 4, 64, 32), (3,), torch.float32), (("int8", 5, 64, 64), (1,), torch.float32),
              (("int4", 3, 128, 64), (2, 3), torch.float32), (("int4", 6, 64, 32), (2,), torch.bfloat16))
     for seed, (spec, lead, dtype) in enumerate(cases):
@@ -511,7 +512,7 @@ def verify_lab08_4(qlinear) -> None:
     @given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(["int8", "int4"]), n=st.integers(1, 8),
            blocks=st.integers(1, 4), g=st.sampled_from([32, 64]), rows=st.integers(1, 20),
            dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-    def prop(seed, kind, n, blocks, g, rows, dtype):
+    def prop(seed: int, kind: str, n: int, blocks: int, g: int, rows: int, dtype: torch.dtype) -> None:
         _qlinear_case(qlinear, _random_qw(seed, kind, n, blocks * g, g), (rows,), dtype, seed)
 
     run_property(prop, max_examples=20, hint=_QLINEAR_HINT)
@@ -536,13 +537,11 @@ TASKS = {t.id: t for t in (
          oracles=lambda: [dequantize_ref]),
 )}
 
-
 check_lab08_1 = TASKS["lab08_1"].checker(
     "quantize_int8(w) -> QuantizedWeight: symmetric int8, one float16 scale per output row.")
 check_lab08_2 = TASKS["lab08_2"].checker(
     "quantize_int4(w, group_size) -> QuantizedWeight: asymmetric int4 per group, packed in GGUF's nibble order.")
 check_lab08_3 = TASKS["lab08_3"].checker("dequantize(qw) -> float32 [N, K]: the matrix a QuantizedWeight stands for.")
 check_lab08_4 = TASKS["lab08_4"].checker("qlinear(x, qw) -> x · dequantize(qw)ᵀ in x's dtype.")
-
 
 seal(globals())
