@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: help setup demo test test-fast bench clean
+.PHONY: help setup demo test test-fast bench book book-serve book-browser clean
 
 # `make` alone lists the targets: each target's `## text` comment is its line in the list.
 help:  ## list the targets
@@ -43,16 +43,32 @@ demo: $(STAMP)  ## a short tour: chat answers from the default model, then speed
 # (tests check behaviour, not speed; notebooks executed by the tests inherit the setting). worksteal: an idle
 # worker takes queued tests from a busy one, so the long notebook runs overlap instead of queueing on one worker.
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-test: $(STAMP)  ## the whole test suite, notebooks and nbgrader round trips included (~14 min)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal --durations=15
+# The book's tests run after the rest: the nbgrader autograde runs leave their executed solution notebooks in
+# book/_cache, from which the book takes its outputs.
+test: $(STAMP)  ## the whole test suite, notebooks, nbgrader round trips and the book included (~14 min)
+	-@$(MAKE) --no-print-directory book-browser
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m "not book"
+	$(TEST_ENV) $(PY) -m pytest -q -m book
 
 test-fast: $(STAMP)  ## the quick subset: skips tests marked slow (~2.5 min)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist worksteal -m "not slow and not book"
 
 bench: $(STAMP)  ## decode speed vs the memory-bandwidth bound (minillm bench decode; ~1 min)
 	$(VENV)/bin/minillm bench decode
 
+book: $(STAMP)  ## the course book, offline: book/_build/html (runs the lab notebooks it has not cached, ~3 min)
+	$(PY) tools/build_book.py
+
+book-serve: book  ## build the book, then serve it on http://127.0.0.1:8010
+	$(PY) tools/build_book.py --serve
+
+# The book's browser test needs Chromium: installed from Debian where this runs as root with apt, else it skips.
+book-browser:  ## install Chromium for the book's screenshot test (Debian, as root; skipped elsewhere)
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } ; } || \
+		echo "no Chromium: the book's screenshot test will skip"
+
 -include mk/course.mk
 
 clean:  ## remove .venv and build/test caches
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info book/_build book/_generated book/_cache

@@ -27,6 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import build_book  # noqa: E402
 import build_notebooks as bn  # noqa: E402
 
 LABS = bn.lab_ids(ROOT)
@@ -151,6 +152,7 @@ def test_nbgrader_autograde_solution_full_marks_blank_zero(lab, tmp_path, record
     elapsed = run_seconds(ran)
     record_duration(f"{lab}: solution notebook top to bottom", elapsed)
     print(f"{lab}: {elapsed:.0f} s top to bottom")
+    build_book.store_execution(lab, ran)     # the book's chapter takes its outputs from this run (tests/test_book.py)
     with Gradebook(f"sqlite:///{state / 'gradebook.db'}") as gb:
         max_score = gb.find_assignment(lab).max_score
         solution = gb.find_submission(lab, "solution").score
