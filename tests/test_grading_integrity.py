@@ -549,13 +549,14 @@ def delegations(task):
     return list(_method_delegations(task.base, task.methods))
 
 
-DELEGATION_CASES = [(tid, name) for tid in sorted(TASKS) for name, _ in delegations(TASKS[tid])]
+DELEGATION_CASES = [(tid, name) for tid in sorted(TASKS) for name, _ in delegations(TASKS[tid]) if name != "copy"]
+COPY_CASES = sorted(tid for tid in TASKS if any(name == "copy" for name, _ in delegations(TASKS[tid])))
 # minillm's sizing function takes (config, tokens, dtype_bytes), not the task's (cfg, batch, seq, dtype), and lab03_2's
 # oracle takes (scores, values): a wrapper or a copy of them is refused as a wrong answer (it cannot even be called
 # that way) before any delegation shows. lab07_1's engine object is the RejectionSampler class, called with a batch
 # (target_probs, draft_token_ids, draft_probs, generators), not one request's rule. lab08_1's engine object is
 # formats.quantize(w, spec): quantize_int8(w) has no spec.
-SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab01_2", "copy"), ("lab03_2", "wrapper"), ("lab07_1", "wrapper"),
+SIGNATURE_DIFFERS = {("lab01_2", "wrapper"), ("lab03_2", "wrapper"), ("lab07_1", "wrapper"),
                      ("lab08_1", "wrapper")}
 # lab03_3's answer is a @triton.jit kernel: a Python wrapper around minillm's is refused as not being a kernel.
 
@@ -566,12 +567,28 @@ def test_delegation_to_minillm_is_refused(tid, how):
     with pytest.raises(GradingError) as e:
         TASKS[tid].check(answer)
     msg = str(e.value)
-    reasons = ("minillm's own", "grader's reference", "copy of minillm", "does not define")
+    reasons = ("minillm's own", "grader's reference", "does not define")
     if (tid, how) in SIGNATURE_DIFFERS:
         reasons += ("raised TypeError",)
     if tid == "lab03_3":
         reasons += ("pass the @triton.jit kernel itself",)
     assert any(s in msg for s in reasons), msg
+
+
+@pytest.mark.parametrize("tid", COPY_CASES)
+def test_a_copy_of_minillms_code_is_graded_by_its_behaviour(tid, capsys):
+    """No checker fails an answer for its form: minillm's own source pasted into the answer cell is the learner's code
+    as far as the verdict goes. It passes where it computes the piece (a long verbatim copy gets a note for the
+    instructor), and fails only for what it does: another piece's signature or kind, or running minillm's
+    implementation of the piece at run time (its helpers came along from minillm's module)."""
+    answer = dict(delegations(TASKS[tid]))["copy"]
+    try:
+        TASKS[tid].check(answer)
+    except GradingError as e:       # for what it does (another piece's signature, minillm's helpers at run time)
+        assert "is a copy" not in str(e) and "copy of minillm" not in str(e), str(e)
+        return
+    noted = core.copy_note(answer, TASKS[tid].engine_objects()) is not None
+    assert ("note for your instructor" in capsys.readouterr().out) == noted
 
 
 def test_raising_the_graders_own_exceptions_ends_in_a_failure():

@@ -220,15 +220,9 @@ def test_lab03_3_learner_kernel_passes_and_compiles(tmp_path):
     assert ".target sm_80" in ptx and ".entry good_kernel(" in ptx
 
 
-def test_lab03_3_rejects_minillm_kernel_copies_and_non_kernels(tmp_path):
+def test_lab03_3_rejects_minillm_kernel_itself_and_non_kernels(tmp_path):
     rejected(check_lab03_3, tpa.paged_attention_decode_kernel, "itself")
     rejected(check_lab03_3, triton.jit(tpa.paged_attention_decode_kernel.fn), "itself")
-    copy = kernel_from_source(inspect.getsource(tpa.paged_attention_decode_kernel.fn), tmp_path, tpa.KERNEL_NAME,
-                              MINILLM_HELPERS)
-    rejected(check_lab03_3, copy, "copy of minillm's own implementation")
-    renamed = re.sub(r"\bm_i\b", "running_max", inspect.getsource(tpa.paged_attention_decode_kernel.fn)).replace(
-        "def paged_attention_decode_kernel(", "def my_kernel(")
-    rejected(check_lab03_3, kernel_from_source(renamed, tmp_path, "my_kernel", MINILLM_HELPERS), "copy")
     rejected(check_lab03_3, tpa.paged_attention_decode_triton, "itself")
     rejected(check_lab03_3, paged_attention_decode_ref, "minillm's own code")
     rejected(check_lab03_3, lambda *a: 0, "@triton.jit kernel itself")
@@ -249,7 +243,16 @@ def test_lab03_3_rejects_a_kernel_that_calls_minillms(tmp_path):
     rejected(check_lab03_3, kernel, "runs minillm's own implementation", "paged_attention_decode_kernel")
 
 
-def test_lab03_3_rejects_minillms_kernel_copied_into_a_helper(tmp_path):
+@pytest.mark.slow      # the checker's full run on code that is correct
+def test_lab03_3_code_like_minillms_is_graded_by_its_behaviour(tmp_path):
+    """A kernel whose code is minillm's (verbatim, renamed, or inside a helper) is not failed for its form: the
+    properties decide (the instructor gets a note for a long verbatim copy)."""
+    copy = kernel_from_source(inspect.getsource(tpa.paged_attention_decode_kernel.fn), tmp_path, tpa.KERNEL_NAME,
+                              MINILLM_HELPERS)
+    check_lab03_3(copy)
+    renamed = re.sub(r"\bm_i\b", "running_max", inspect.getsource(tpa.paged_attention_decode_kernel.fn)).replace(
+        "def paged_attention_decode_kernel(", "def my_kernel(")
+    check_lab03_3(kernel_from_source(renamed, tmp_path, "my_kernel", MINILLM_HELPERS))
     helper = "@triton.jit\n" + textwrap.dedent(inspect.getsource(tpa.paged_attention_decode_kernel.fn)).replace(
         "def paged_attention_decode_kernel(", "def helper(")
     src = GOOD_SRC.split("    seq = tl.program_id(0)")[0] + (
@@ -257,7 +260,7 @@ def test_lab03_3_rejects_minillms_kernel_copied_into_a_helper(tmp_path):
         "           stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,\n"
         "           stride_os, stride_oh, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, BLOCK_SIZE)\n")
     kernel = kernel_from_source(src, tmp_path, header=MINILLM_HELPERS + helper)
-    rejected(check_lab03_3, kernel, "copy of minillm's own implementation")
+    check_lab03_3(kernel)
 
 
 def test_launcher_and_reference_agree_with_minillm():

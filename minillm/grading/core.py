@@ -8,7 +8,9 @@ suite without the integrity checks (tests/ run it on minillm's own implementatio
 2. `task.form(answer)`: the answer has the right shape (a function, a class with these methods, ...).
 3. `reject_delegation`: the answer is not minillm's own implementation of the piece, nor the grader's oracle,
    under any alias (partial, partialmethod, bound method, staticmethod, `__wrapped__`, a subclass that does not
-   override), nor a copy of its code (same bytecode, locals renamed).
+   override). Code of the learner's own that looks like theirs is never a reason to fail: honest answers coincide
+   with them (a one-line formula, the statement's step order, natural names); a long verbatim copy of minillm's
+   implementation is noted for the instructor after the verdict (copy_note), the grade is the behaviour's.
 4. `task.verify(answer)` under a `Watch`: the properties, while a tracer notes if minillm's implementation of the
    piece runs at all, or the grader's oracle runs under the learner's code (a wrapper, a subclass calling super(),
    a composition that forwards). Either one fails the check, whatever the properties said.
@@ -86,7 +88,7 @@ from minillm.verdict import (NOT_IMPLEMENTED, GradingError, Hint, as_float, as_i
                              verify_untampered)
 
 __all__ = ["GradingError", "Hint", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task",
-           "run_property", "diagnose", "not_recorded", "reject_delegation", "Watch", "seal", "verify_untampered",
+           "run_property", "diagnose", "not_recorded", "reject_delegation", "copy_note", "Watch", "seal", "verify_untampered",
            "NOT_IMPLEMENTED", "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file",
            "show", "learner_location", "time_limit", "TimedOut", "reset_attempts", "DEFAULT_TIME_LIMIT"]
 
@@ -169,19 +171,24 @@ def _size(fp: tuple) -> int:
     return sum(1 + (_size(a) if isinstance(a, tuple) and a and isinstance(a[0], tuple) else 0) for _, a in fp)
 
 
-# Below these sizes two honest answers can coincide (a one-line formula): a copy with renamed variables must be
-# longer than COPY_MIN_INSTRUCTIONS, a verbatim copy (the same variable names too) longer than VERBATIM_MIN.
-COPY_MIN_INSTRUCTIONS = 30
-VERBATIM_MIN_INSTRUCTIONS = 12
+# A copy is never a reason to fail: honest answers coincide with minillm's code or the grader's oracle (a one-line
+# formula, the statement's own step order, natural names). A long *verbatim* copy of minillm's own implementation
+# (the same instructions and the same local names, at least this many instructions) is only noted, for the
+# instructor; the grade is the behaviour's.
+VERBATIM_NOTE_INSTRUCTIONS = 40
 
 
-def _copied(answer_codes: list, reference_codes: list) -> bool:
-    for names, least in ((False, COPY_MIN_INSTRUCTIONS), (True, VERBATIM_MIN_INSTRUCTIONS)):
-        refs = {_fingerprint(c, names) for c in reference_codes}
-        matched = [fp for fp in (_fingerprint(c, names) for c in answer_codes) if fp in refs]
-        if sum(_size(fp) for fp in matched) >= least:
-            return True
-    return False
+def copy_note(answer: Any, engine: Iterable[Any]) -> str | None:
+    """A note when the answer's own code repeats minillm's implementation of the piece verbatim, else None."""
+    target = _unwrap(answer)
+    owner = target if inspect.isfunction(target) or isinstance(target, type) else type(target)
+    own = [f.__code__ for f in _functions(owner) if _is_learner_code(f.__code__, f.__globals__)]
+    refs = {_fingerprint(c, names=True) for e in engine for c in _codes(e)}
+    matched = [fp for fp in (_fingerprint(c, names=True) for c in own) if fp in refs]
+    if sum(_size(fp) for fp in matched) < VERBATIM_NOTE_INSTRUCTIONS:
+        return None
+    return ("note for your instructor: this answer repeats minillm's own implementation verbatim (the same code and "
+            "names); the grade above is your code's behaviour, the note only says where it came from.")
 
 
 def _qualname(obj: Any) -> str:
@@ -196,7 +203,8 @@ _DELEGATES = ("define it in the answer cell with your own code, instead of calli
 
 def reject_delegation(answer: Any, engine: Iterable[Any], oracles: Iterable[Any] = ()) -> None:
     """Fail when `answer` IS minillm's implementation of the piece (`engine`) or the grader's reference (`oracles`):
-    the object under another name, an object defined inside the minillm package, or a copy of their code."""
+    the object itself under another name, or an object defined inside the minillm package. Code that merely looks
+    like theirs is the learner's own (copy_note at most notes a long verbatim copy)."""
     __tracebackhide__ = True
     engine, oracles = list(engine), list(oracles)
     target = _unwrap(answer)
@@ -210,10 +218,6 @@ def reject_delegation(answer: Any, engine: Iterable[Any], oracles: Iterable[Any]
     owner = target if inspect.isfunction(target) or isinstance(target, type) else type(target)
     if _is_minillm(getattr(owner, "__module__", None)):
         fail(f"you submitted {_qualname(owner)}, which is minillm's own code.", _DELEGATES)
-    own = [f.__code__ for f in _functions(owner) if _is_learner_code(f.__code__, f.__globals__)]
-    if own and _copied(own, [c for r in engine + oracles for c in _codes(r)]):
-        fail("your answer is a copy of minillm's own implementation (the same code, maybe with other names).",
-             _DELEGATES)
 
 
 _LIBRARY_DIRS = tuple(os.path.realpath(p) + os.sep for p in
@@ -730,13 +734,16 @@ class Task:
                     raise
                 verdict = self._timed_out(e, watch)
             except Exception as e:  # noqa: BLE001 — an error outside run_property: the learner's, or the grader's
-                verdict = self._crashed(e, watch)
+                verdict = self._crashed(e, watch, obj)
         if watch.seen is not None:
             whose = "minillm's own implementation" if watch.seen_engine else "the grader's reference answer"
             fail(f"your {self.what} runs {whose} ({watch.seen.co_name} in {os.path.basename(watch.seen.co_filename)}) "
                  "instead of your code.", _DELEGATES)
         if verdict is not None:
             raise verdict
+        note = copy_note(answer, engine)
+        if note:
+            print(note)
 
     def _timed_out(self, e: TimedOut, watch: Watch) -> GradingError:
         where = f" (it was running your code, {e.where})" if e.where else ""
@@ -747,16 +754,28 @@ class Task:
             "look for a loop whose condition never changes (an index that is not advanced, a queue that never "
             "empties) or a recursion that never reaches its base case; a correct answer takes a few seconds here.")
 
-    def _crashed(self, e: Exception, watch: Watch) -> GradingError:
+    def _crashed(self, e: Exception, watch: Watch, obj: Any) -> GradingError:
         where = learner_location(e)
         if where or _raised_in_learner_code(e):
             return GradingError(_describe(e), watch.calls[-1] if watch.calls and not watch.method_calls else None)
+        if isinstance(e, TypeError) and _names_the_answer(e, obj):     # the call itself failed: its parameters
+            return GradingError(f"calling your {self.what} failed: {_clip(str(e), 200)} — its parameters are not the "
+                                "ones the task states.", None, "compare the def line with the task's statement.")
         first = (str(e).strip().splitlines() or [""])[0]
         return GradingError(f"the checker of {self.id} itself failed ({type(e).__name__}: {_clip(first, 200)}), so "
                             "it cannot give a verdict: this is a bug in minillm's grader, please report it.")
 
 
 _ATTEMPTS: dict[str, int] = {}       # task id -> its failed checks in a row, in this kernel session
+
+
+def _names_the_answer(e: TypeError, obj: Any) -> bool:
+    """A TypeError like "f() missing 1 required positional argument" whose f is the answer or one of its methods:
+    the answer was called the way the task states and its signature did not take it."""
+    names = {getattr(obj, "__name__", None)} | ({n for n in vars(obj) if callable(vars(obj)[n])}
+                                                if isinstance(obj, type) else set())
+    m = re.match(r"(?:\w+\.)?(\w+)\(\) (?:missing|got an unexpected|takes)", str(e))
+    return bool(m) and m.group(1) in names - {None}
 
 
 def _time_scale() -> float:

@@ -233,8 +233,7 @@ def verify_lab01_2(kv_cache_bytes: Callable[..., Any]) -> None:
     @example(cfg=_cfg(4, 8, 4, 256, 1024), batch_size=2, seq_len=10, dtype_bytes=2)     # head_dim != hidden / heads
     def prop(cfg: ModelConfig, batch_size: int, seq_len: int, dtype_bytes: int) -> None:
         got = kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes)
-        if type(got) is float and got.is_integer():
-            got = int(got)
+        got = int(got) if type(got) is float and got.is_integer() else got      # a whole float is a whole number
         got = as_int(got, "kv_cache_bytes's result (a whole number of bytes)")
         ref = kv_cache_bytes_ref(cfg, batch_size, seq_len, dtype_bytes)
         if got == ref:
@@ -287,6 +286,7 @@ def verify_lab01_3(max_num_seqs: Callable[..., Any]) -> None:
         memory = memory_gib * 2**30
         weights = int(weight_frac * memory)
         got = max_num_seqs(cfg, memory, weights, seq_len, dtype_bytes)
+        got = int(got) if type(got) is float and got.is_integer() else got      # as lab01_2 takes it
         got = as_int(got, "max_num_seqs's result (a whole number of sequences)")
         ref = max_num_seqs_ref(cfg, memory, weights, seq_len, dtype_bytes)
         if got == ref:

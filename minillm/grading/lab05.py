@@ -20,6 +20,7 @@ every block with the time of its last add (_LRUModel).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import subprocess
 import sys
@@ -127,8 +128,9 @@ def _run_here(fn: Callable[..., Any]) -> dict:
 
 
 def _ship(fn: Callable[..., Any]) -> bytes:
-    """fn by value (with the helpers and globals of its own module), for a fresh interpreter."""
+    """fn by value (its module's helpers and globals too), for a fresh interpreter; a decorated fn as what it wraps."""
     import cloudpickle
+    fn = inspect.unwrap(fn)       # functools.lru_cache / wraps: a cache changes no hash
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     by_value = module is not None and module.__name__ not in ("__main__", "builtins") and \
         not module.__name__.startswith(("minillm", "hashlib"))
@@ -299,9 +301,8 @@ _HASHES = {"strong": reference_hash, "ignores the parent": _parentless, "sum(tok
 
 def build_cache(prompts: Sequence[Sequence[int]], block_size: int, hash_fn: Callable[..., int],
                 evict: Sequence[int] = ()) -> dict[int, CachedBlock]:
-    """Register the full blocks of `prompts` the way the BlockManager's commit_computed does (an existing,
-    verified entry is reused; on a hash collision the first entry stays and the new block is not cached), then
-    drop the entries whose index is in `evict` (evicted blocks). Returns {hash: CachedBlock}."""
+    """Register `prompts`' full blocks as BlockManager.commit_computed does (a verified entry is reused; on a hash
+    collision the first entry stays, the new block is not cached), then drop the entries indexed in `evict`."""
     cache, next_id = {}, 0
     for p in prompts:
         parent_hash, parent = None, None
