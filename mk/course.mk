@@ -3,7 +3,7 @@
 #   make labs   solutions/labNN/labNN.py -> solutions/labNN/labNN.ipynb -> labs/labNN/labNN.ipynb
 #               (jupytext source -> nbgrader source notebook -> `nbgrader generate_assignment labNN --force`,
 #               run from the repository root so nbgrader reads nbgrader_config.py)
-#   make lab    JupyterLab on labs/ for the learner (start with labs/README.md, which opens rendered); LAB_ARGS adds
+#   make lab    JupyterLab on work/, the learner's copy of labs/ (start with README.md, which opens rendered); LAB_ARGS adds
 #               server flags, e.g. make lab LAB_ARGS="--no-browser --ip 0.0.0.0 --port 8888"
 #   make instructor  JupyterLab on the repository with nbgrader's instructor tools (create assignment, formgrader)
 #
@@ -17,15 +17,18 @@ NBGRADER_SERVER := nbgrader.server_extensions
 
 .PHONY: labs lab instructor
 
-labs: $(STAMP)  ## rebuild solutions/*.ipynb and the released labs/ from solutions/labNN/labNN.py
-	$(PY) tools/build_notebooks.py --release
+labs: $(STAMP)  ## (instructors) rebuild solutions/*.ipynb and labs/ from solutions/labNN/labNN.py; FORCE=1 if labs/ was edited
+	$(PY) tools/build_notebooks.py --release $(if $(FORCE),--overwrite-edited)
 
 $(LAB_SETTINGS): mk/jupyter/settings/overrides.json $(STAMP)
 	mkdir -p $(dir $@) && cp $< $@
 
-lab: $(STAMP) $(LAB_SETTINGS)  ## JupyterLab on labs/ for the learner (start with labs/README.md)
+# The learner's notebooks live in work/ (not tracked by git): `make lab` copies there what work/ lacks from labs/ and
+# never overwrites a file in it, so no target can erase a saved answer.
+lab: $(STAMP) $(LAB_SETTINGS)  ## JupyterLab on work/, your copy of the labs (start with README.md there)
+	$(PY) tools/build_notebooks.py --workspace
 	JUPYTER_CONFIG_PATH=$(abspath mk/jupyter/learner) $(VENV)/bin/jupyter lab --allow-root \
-		--ServerApp.root_dir=labs \
+		--ServerApp.root_dir=work \
 		--ServerApp.jpserver_extensions="{'$(NBGRADER_SERVER).formgrader': False, '$(NBGRADER_SERVER).course_list': False}" \
 		$(LAB_ARGS)
 

@@ -337,3 +337,46 @@ def test_learner_jupyterlab_hides_instructor_tools_and_renders_markdown():
     assert overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"] == {"markdown": "Markdown Preview"}
     mk = (ROOT / "mk/course.mk").read_text()
     assert "JUPYTER_CONFIG_PATH=$(abspath mk/jupyter/learner)" in mk and "formgrader': False" in mk
+
+
+@pytest.mark.slow
+def test_learner_work_survives_every_make_target(tmp_path):
+    """A learner's saved notebook is never erased: `make lab` works on work/ (copied from labs/, never overwritten),
+    `make labs` refuses to regenerate an edited labs/ notebook and, with FORCE=1, saves it to work/backups/ first,
+    and `make clean` leaves work/ alone. Run in a copy of this checkout (committed as one commit), with its venv."""
+    clone = tmp_path / "repo"
+    shutil.copytree(ROOT, clone, ignore=shutil.ignore_patterns(".git", ".venv", "work", "book", "__pycache__",
+                                                               ".hypothesis", ".pytest_cache", "*.egg-info"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the course as released"]):
+        subprocess.run(git + args, cwd=clone, check=True, capture_output=True)
+    make = ["make", "-s", f"VENV={ROOT / '.venv'}"]
+    answer = "# my answer, saved at 23:59\n"
+    # the learner's workspace: a first copy, then a saved answer that a second `make lab` copy step must keep
+    subprocess.run([sys.executable, "tools/build_notebooks.py", "--workspace"], cwd=clone, check=True,
+                   capture_output=True)
+    mine = clone / "work" / "lab00" / "lab00.ipynb"
+    nb = nbformat.read(mine, as_version=4)
+    nb.cells[0].source = answer + nb.cells[0].source
+    nbformat.write(nb, mine)
+    saved = mine.read_bytes()
+    subprocess.run([sys.executable, "tools/build_notebooks.py", "--workspace"], cwd=clone, check=True,
+                   capture_output=True)
+    assert mine.read_bytes() == saved
+    # an old habit: the learner edited labs/ itself; `make labs` must not erase it
+    edited = clone / "labs" / "lab01" / "lab01.ipynb"
+    nb = nbformat.read(edited, as_version=4)
+    nb.cells[0].source = answer + nb.cells[0].source
+    nbformat.write(nb, edited)
+    before = edited.read_bytes()
+    r = subprocess.run(make + ["labs"], cwd=clone, capture_output=True, text=True, timeout=1800)   # a hang guard
+    assert r.returncode != 0 and "labs/lab01/lab01.ipynb" in r.stderr and "FORCE=1" in r.stderr, r.stderr
+    assert edited.read_bytes() == before
+    r = subprocess.run(make + ["labs", "FORCE=1"], cwd=clone, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    backups = list((clone / "work" / "backups").rglob("lab01.ipynb"))
+    assert len(backups) == 1 and backups[0].read_bytes() == before
+    assert answer not in edited.read_text()                 # regenerated, as asked, after the backup
+    # `make clean` removes the venv and caches it is told to, never work/ (a throwaway VENV: not this checkout's)
+    subprocess.run(["make", "-s", f"VENV={tmp_path / 'venv'}", "clean"], cwd=clone, check=True, capture_output=True)
+    assert mine.read_bytes() == saved and backups[0].is_file()

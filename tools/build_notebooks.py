@@ -19,6 +19,11 @@ every task answered) and fails loudly when a source breaks them.
     python tools/build_notebooks.py --release       # ... then `nbgrader generate_assignment` -> labs/
     python tools/build_notebooks.py lab01 --release # one lab
     python tools/build_notebooks.py --check         # exit 1 if an .ipynb is out of date with its .py
+    python tools/build_notebooks.py --workspace     # copy labs/ into work/ (the learner's copy), never overwriting
+
+Learners work in work/ (outside git's tracked files; `make lab` opens it): --release regenerates labs/ and refuses
+to overwrite a labs/ notebook that differs from the committed one (someone's edits) unless --overwrite-edited,
+which first saves it under work/backups/.
 """
 from __future__ import annotations
 
@@ -26,8 +31,10 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,13 +191,62 @@ def release(labs: list[str], root: Path = ROOT, state_dir: str | Path | None = N
         nbgrader(["generate_assignment", lab, "--force", "--log-level=WARN"], root, state_dir)
 
 
+def edited_releases(labs: list[str], root: Path = ROOT) -> list[Path]:
+    """The labs/ notebooks that differ from the committed ones (a learner's saved work), per git; none outside git."""
+    paths = [root / "labs" / lab / f"{lab}.ipynb" for lab in labs]
+    done = subprocess.run(["git", "diff", "--name-only", "HEAD", "--", *map(str, paths)], cwd=root,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return []
+    return [root / line for line in done.stdout.split()]
+
+
+def back_up(paths: list[Path], root: Path = ROOT) -> Path:
+    """Copy `paths` to work/backups/<time>/ (keeping their labs/... layout); returns that folder."""
+    dest = root / "work" / "backups" / time.strftime("%Y%m%d-%H%M%S")
+    for path in paths:
+        target = dest / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return dest
+
+
+def workspace(root: Path = ROOT) -> list[Path]:
+    """Copy labs/ into work/ where work/ lacks a file; never overwrite one (it is the learner's). Returns the copies."""
+    made = []
+    for src in sorted((root / "labs").rglob("*")):
+        rel = src.relative_to(root / "labs")
+        dest = root / "work" / rel
+        if src.is_file() and ".ipynb_checkpoints" not in rel.parts and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+            made.append(dest)
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("labs", nargs="*", help="lab ids (default: every solutions/labNN)")
     ap.add_argument("--release", action="store_true", help="also run nbgrader generate_assignment into labs/")
     ap.add_argument("--check", action="store_true", help="only report .ipynb files out of date with their .py")
+    ap.add_argument("--overwrite-edited", action="store_true",
+                    help="with --release: regenerate labs/ notebooks that were edited too (saved first to work/backups)")
+    ap.add_argument("--workspace", action="store_true", help="copy labs/ into work/ where work/ lacks a file, and stop")
     args = ap.parse_args(argv)
+    if args.workspace:
+        made = workspace()
+        print(f"work/: {len(made)} new file(s) copied from labs/; your own files there are never overwritten")
+        return 0
     labs = args.labs or lab_ids()
+    edited = edited_releases(labs) if args.release else []
+    if edited and not args.overwrite_edited:
+        names = ", ".join(str(p.relative_to(ROOT)) for p in edited)
+        print(f"error: {names} changed since the last commit (a learner's saved work?): regenerating labs/ would "
+              "erase it. Learners work in work/ (`make lab` copies labs/ there). To regenerate anyway, run "
+              "`make labs FORCE=1`: the edited notebooks are saved to work/backups/ first.", file=sys.stderr)
+        return 2
+    if edited:
+        print(f"saved the edited notebooks to {back_up(edited).relative_to(ROOT)}/ before regenerating labs/")
     stale = []
     for lab in labs:
         try:
