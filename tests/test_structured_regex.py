@@ -116,3 +116,20 @@ def test_a_state_blow_up_is_a_clear_error_not_a_hang():
     with pytest.raises(RegexTooComplex, match="automaton states"):
         compile_regex(r"[ab]*a[ab]{20}")
     assert compile_regex(r"[ab]*a[ab]{3}").num_states == 16      # 2^(3+1): the exponential family, small enough
+
+
+def test_the_construction_cap_is_a_count_so_every_machine_gives_the_same_verdict():
+    """The cap counts construction steps, not seconds: a pattern over a budget is refused (naming the budget) and
+    under it accepted, whatever the machine's load; the verdict at the default budget is a fixed fact per pattern."""
+    pattern = r"[ab]*a[ab]{8}"
+    with pytest.raises(RegexTooComplex, match="steps of construction"):
+        compile_regex(pattern, max_work=1_000)
+    assert compile_regex(pattern, max_work=10**6).num_states == 2 ** 9
+    verdicts = set()
+    for _ in range(3):
+        try:
+            compile_regex(r"[ab]*a[ab]{12}", max_work=50_000)
+            verdicts.add("accepted")
+        except RegexTooComplex:
+            verdicts.add("refused")
+    assert verdicts == {"refused"}

@@ -210,7 +210,8 @@ class Workers:
                 return
             if time.monotonic() > deadline:
                 self.close(graceful=False)
-                raise WorkerError("workers did not start in time")
+                raise WorkerError(f"workers did not start in {DEFAULT_TIMEOUT.total_seconds():g} s: on a loaded "
+                                  "machine give them longer with MINILLM_DIST_TIMEOUT=<seconds>")
             time.sleep(0.05)
 
     def _start_threads(self) -> Communicator:
