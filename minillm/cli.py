@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -150,6 +151,15 @@ def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str 
     return "".join(parts), reason
 
 
+def _print_speed(out) -> None:
+    """One stderr line: how many tokens, how fast (decode rate after the first token), and the time to it."""
+    m, n = out.metrics, len(out.outputs[0].token_ids)
+    if m.ttft is None or m.e2e is None:
+        return
+    decode = f", {(n - 1) / (m.e2e - m.ttft):.1f} tok/s after the first" if n > 1 and m.e2e > m.ttft else ""
+    print(f"[{n} tokens in {m.e2e:.2f} s: first token after {m.ttft:.2f} s{decode}]", file=sys.stderr)
+
+
 CHAT_COMMANDS = {"/reset": "clear the conversation", "/quit": "exit (also /exit, Ctrl-D)", "/exit": "exit",
                  "/help": "list these commands"}
 
@@ -168,12 +178,16 @@ def _print_spec(stats, num_tokens: int) -> None:
 def cmd_generate(args) -> int:
     params = _params(args)
     loaded, engine = _engine(args)
+    seen: list = []
+    engine.add_step_observer(lambda info: seen.extend(o for o in info.outputs if o.finished))
     try:
         _, reason = _stream(engine, build_prompt_ids(loaded.tokenizer, args.prompt, chat=args.chat,
                                                       system=args.system), params)
     finally:
         engine.close()
     print()
+    if seen:
+        _print_speed(seen[-1])
     if reason == "length" and params.structured_outputs is None:
         print(f"[stopped at --max-tokens {params.max_tokens}: raise it for a longer answer]", file=sys.stderr)
     return 0
@@ -347,10 +361,18 @@ def cmd_demo(args) -> int:
     return _load("bench.demo").run_demo(args)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("minillm")
+    except importlib.metadata.PackageNotFoundError:     # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="minillm", description="minillm: a from-scratch LLM inference engine.",
                                  epilog=EPILOG_MODEL)
     ap.add_argument("--debug", action="store_true", help="show the Python traceback of an unexpected error")
+    ap.add_argument("--version", action="version", version=f"minillm {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate a completion for one prompt (streams tokens)", epilog=EPILOG_MODEL)

@@ -13,6 +13,7 @@ from minillm.cli_args import engine_config
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.loading.loader import load_model
+from minillm.quant.policy import describe
 from minillm.sampling.params import SamplingParams
 
 STREAMED = ["What is the capital of France?", "Give me two tips for learning to cook."]
@@ -41,7 +42,8 @@ def run_demo(args) -> int:
                         group_size=config.quantization_group_size)
     cfg = loaded.config
     print(f"loaded {loaded.path.name}: {cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, "
-          f"{cfg.num_params() / 1e6:.0f}M parameters, {args.dtype}, in {time.perf_counter() - t:.1f} s")
+          f"{cfg.num_params() / 1e6:.0f}M parameters, {config.dtype} activations, weights {describe(loaded.model)}, "
+          f"in {time.perf_counter() - t:.1f} s")
     engine = LLMEngine(loaded.model, loaded.tokenizer, engine_config(args))
 
     _rule("streaming chat (continuous-batching engine, greedy)")
