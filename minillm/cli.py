@@ -73,6 +73,15 @@ def _load(name: str) -> ModuleType:
     return importlib.import_module(f"minillm.{name}")
 
 
+def _calibration_progress(text: str) -> None:
+    """A long first load (w8a8 calibrates) shows where it is: on the terminal's status line, else one stderr line
+    per step."""
+    if sys.stderr.isatty():
+        progress_line(text)
+    else:
+        print(f"[{text}]", file=sys.stderr, flush=True)
+
+
 def _params(args):
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
@@ -107,7 +116,7 @@ def _engine(args):
         torch.set_num_threads(args.threads)
     par = config.parallel.world_size
     with status(f"loading {args.model} model" + (f" on {par} ranks" if par > 1 else "")):
-        return start_engine(args.model, config)
+        return start_engine(args.model, config, progress=_calibration_progress)
 
 
 def _stream(engine, ids, params, interruptible: bool = False) -> tuple[str, str | None]:
@@ -473,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_common(args) -> None:
     """Flags several commands share, checked before anything loads."""
+    if getattr(args, "system", None) is not None and getattr(args, "chat", None) is False:
+        raise ValueError("--system needs chat mode: drop --no-chat, or put the instructions into the prompt text")
     threads = getattr(args, "threads", None)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {threads} (leave it out for torch's choice)")

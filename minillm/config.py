@@ -303,6 +303,7 @@ class ParallelConfig:
 
 
 METHODS = ("ngram", "draft_model", "layer_skip")
+MAX_SPECULATIVE_TOKENS = 32
 
 
 @dataclass
@@ -321,6 +322,11 @@ class SpeculativeConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"speculative {name} must be a positive integer, got {v!r}")
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} is more than "
+                             f"{MAX_SPECULATIVE_TOKENS}: a whole k-token draft survives with the product of the "
+                             "per-token acceptance rates, so the tail of a long draft is almost never kept while every "
+                             "drafted token costs a row of verification; 3-8 is the useful range")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) must be <= prompt_lookup_max "
                              f"({self.prompt_lookup_max})")

@@ -1,6 +1,7 @@
 """The offline API: `LLM(...).generate(prompts, SamplingParams(...))`, continuous batching underneath."""
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence as Seq
 
@@ -27,6 +28,9 @@ class LLM:
     """
 
     def __init__(self, model: str = "default", *, tp_rules=None, **settings) -> None:
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be 'default', a .gguf file or a Hugging Face directory (a str or path), "
+                            f"got {type(model).__name__} {model!r:.60}")
         config = EngineConfig.from_kwargs(**settings)   # validate before the (slow) load
         if tp_rules is not None:
             if not isinstance(tp_rules, TensorParallelRules):

@@ -95,7 +95,8 @@ def calibrate(model, windows: list[list[int]], progress=None) -> dict[str, torch
         with cpu_qgemm.exact_batched():     # calibrate on the exact products, not on a W8A8 copy's
             for i, w in enumerate(windows):
                 if progress:
-                    progress(f"calibrating W8A8 batched steps: window {i + 1}/{len(windows)}")
+                    progress(f"calibrating SmoothQuant for W8A8 (once per checkpoint, then cached): window "
+                             f"{i + 1}/{len(windows)}")
                 cache = ContiguousKVCache(model.cfg, 1, len(w), dtype=model.dtype)
                 hidden = model(torch.tensor(w), torch.arange(len(w)),
                                ForwardContext(cache.metadata([0], [0], [len(w)]), cache, TorchAttentionBackend()))

@@ -167,11 +167,16 @@ class LLMEngine:
         if n == 0:
             raise ValueError("the prompt is empty: give at least one token")
         if n >= self.max_model_len:
-            limit = "KV pool" if self.max_model_len == pool else "context window"
+            context = self.model.cfg.max_position_embeddings
+            if self.max_model_len == pool:
+                limit, fix = "KV pool", "give the engine a larger KV budget (kv_cache_memory / --kv-cache-memory, or num_blocks)"
+            elif self.max_model_len < context:
+                limit, fix = "max_model_len", f"raise max_model_len (--max-model-len; the model allows {context})"
+            else:
+                limit, fix = "model's context window", "this model cannot take it"
             raise ValueError(f"the prompt has {n} tokens and needs room for at least one generated token, but the "
-                             f"{limit} holds {self.max_model_len} (model context "
-                             f"{self.model.cfg.max_position_embeddings}, KV pool {pool} tokens): shorten the prompt "
-                             "or give the engine a larger KV budget (kv_cache_memory, --kv-cache-memory)")
+                             f"{limit} holds {self.max_model_len} (model context {context}, KV pool {pool} tokens): "
+                             f"shorten the prompt, or {fix}")
         sc = self.config.scheduler
         if not sc.enable_chunked_prefill and n > sc.max_num_batched_tokens:
             raise ValueError(f"the prompt has {n} tokens, more than max_num_batched_tokens="

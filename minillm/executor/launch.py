@@ -19,7 +19,7 @@ def resolve_backend(name: str) -> str:
     return "env" if env_rank() is not None else "mp"
 
 
-def start_engine(model: str, config: EngineConfig, rules=None):
+def start_engine(model: str, config: EngineConfig, rules=None, progress=None):
     """(LoadedModel of rank 0, LLMEngine). Bad layouts fail here, before any process starts. Under torchrun, a
     rank other than 0 serves steps until rank 0 closes the engine, then exits the process."""
     par = config.parallel
@@ -27,7 +27,7 @@ def start_engine(model: str, config: EngineConfig, rules=None):
     backend = resolve_backend(par.distributed_executor_backend)
     if world == 1 and backend != "env":
         loaded = load_model(model, config.dtype, rules=rules, quantization=effective_quantization(config, rules),
-                            group_size=config.quantization_group_size)
+                            group_size=config.quantization_group_size, progress=progress)
         return loaded, LLMEngine(loaded.model, loaded.tokenizer, config)
     cfg = peek_config(model)
     check_tp_size(cfg, par.tensor_parallel_size)
