@@ -109,9 +109,9 @@ def _structured(args):
 
 
 def _engine(args):
+    config = engine_config(args)            # every engine flag checked before torch is even imported
     import torch
     start_engine = _load("executor.launch").start_engine
-    config = engine_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     par = config.parallel.world_size
@@ -185,6 +185,8 @@ def _print_spec(stats, num_tokens: int) -> None:
 
 
 def cmd_generate(args) -> int:
+    if args.chat is False and not args.prompt:
+        raise ValueError("the prompt is empty: raw text (--no-chat) needs at least one character to continue from")
     params = _params(args)
     loaded, engine = _engine(args)
     seen: list = []

@@ -79,3 +79,21 @@ def test_version():
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["generate", "hi", "--dtype", "int8"], "dtype"),
+    (["generate", "hi", "--quantization", "banana"], "quantization"),
+    (["generate", "hi", "--attention-backend", "banana"], "attention backend"),
+    (["generate", "", "--no-chat"], "prompt is empty"),
+    (["generate", "hi", "--no-chat", "--system", "x"], "--system needs chat mode"),
+])
+def test_bad_flags_fail_before_torch_is_imported(argv, needle):
+    """Counted, not timed: the process that refuses the flag never imported torch (the slow part of a start)."""
+    import subprocess
+    import sys
+    code = ("import sys; from minillm.cli import main; rc = main(sys.argv[1:]); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH'); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and needle in done.stderr, done.stderr
+    assert done.stdout.strip().endswith("NO-TORCH"), (done.stdout, done.stderr)

@@ -163,8 +163,8 @@ def test_every_seed_question_is_mapped_with_a_true_short_quote(sources):
 def test_quiz_list_shows_every_topic_file():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("MINILLM_QUESTIONS", None)
-    r = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--list"], capture_output=True, text=True,
-                       cwd=REPO, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "minillm", "quiz", "--list", "--planned"], capture_output=True,
+                       text=True, cwd=REPO, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.strip()}
     for path in TOPIC_FILES:

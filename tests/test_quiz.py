@@ -383,8 +383,20 @@ def test_cli_bank_error_is_reported_not_raised(bank_dir, data_dir, capsys):
     assert "cannot load the question bank" in err and "kv-cache.yaml:" in err
 
 
-def test_cli_list_shows_topics_counts_and_coverage(bank_dir, capsys):
+def test_cli_list_for_a_learner_shows_the_built_labs_only(bank_dir, capsys):
+    """A learner sees the topics that exist and the labs they have; planned labs, planned topics and the authors'
+    coverage report need --planned."""
     assert _main("quiz", "--bank", str(bank_dir), "--list") == 0
+    out = capsys.readouterr().out
+    assert "lab01 2" in out and "lab10" in out and "lab12" not in out and "lab11" not in out
+    assert "(no file yet)" not in out and "coverage" not in out and "without evidence" not in out
+    assert _main("quiz", "--bank", str(bank_dir), "--lab", "lab12") == 2
+    assert "lab12 is planned, not built yet" in capsys.readouterr().err
+    assert _main("quiz", "--bank", str(bank_dir), "--lab", "lab12", "--planned", "--list") == 0
+
+
+def test_cli_list_shows_topics_counts_and_coverage(bank_dir, capsys):
+    assert _main("quiz", "--bank", str(bank_dir), "--list", "--planned") == 0
     out = capsys.readouterr().out
     kv = next(l for l in out.splitlines() if l.startswith("kv-cache "))
     assert "The KV cache" in kv and kv.split()[-6:] == ["0", "1", "1", "0", "0", "2"]

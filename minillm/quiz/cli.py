@@ -64,10 +64,13 @@ def add_quiz_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--topic", action="append", default=[], metavar="TOPIC",
                    help="only this topic (repeatable); --list shows the topics")
     p.add_argument("--level", default=None, metavar="LEVEL", help=f"only this level: {', '.join(LEVELS)}")
-    p.add_argument("--lab", default=None, metavar="LAB", help="only the questions a lab answers (lab00 ... lab12)")
+    p.add_argument("--lab", default=None, metavar="LAB",
+                   help="only the questions a lab answers (lab00 ... lab10; planned labs with --planned)")
     p.add_argument("--n", type=int, default=10, metavar="N", help="questions in this round (default 10)")
     p.add_argument("--seed", type=int, default=None, help="seed for shuffling new questions (default: random)")
-    p.add_argument("--list", action="store_true", help="list topics with counts per level, questions per lab, coverage")
+    p.add_argument("--list", action="store_true", help="list topics with counts per level and questions per lab")
+    p.add_argument("--planned", action="store_true",
+                   help="authors: include the labs and topics not built yet, and the seed-coverage report")
     p.add_argument("--export", nargs=2, metavar=("FORMAT", "PATH"), default=None,
                    help="write the (filtered) bank as FORMAT anki (CSV for Anki's import) or markdown to PATH "
                         "('-' = stdout)")
@@ -108,6 +111,9 @@ def cmd_quiz(args: argparse.Namespace) -> int:
         bank = load_bank(args.bank)
     except BankError as e:
         return _error(f"cannot load the question bank:\n{e}")
+    if args.lab and not args.planned and args.lab.lower().split("_")[0] in LABS \
+            and args.lab.lower().split("_")[0] not in built_labs():
+        return _error(f"{args.lab} is planned, not built yet: its questions show with --planned")
     try:   # validated (case-insensitively) for every mode, --list and --export included
         questions = bank.select(args.topic, args.level, args.lab)
     except SelectionError as e:
@@ -116,7 +122,7 @@ def cmd_quiz(args: argparse.Namespace) -> int:
         print(f"no questions match {_filters(args) or 'the bank'} yet; see `minillm quiz --list`", file=sys.stderr)
         return 1
     if args.list:
-        print_list(bank, sys.stdout, questions if _filters(args) else None, _filters(args))
+        print_list(bank, sys.stdout, questions if _filters(args) else None, _filters(args), args.planned)
         return 0
     if args.export:
         return _export(bank, questions, *args.export)
@@ -150,15 +156,24 @@ def _run(questions: list, args: argparse.Namespace) -> int:
     return 0
 
 
-def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: str = "") -> None:
-    """Every topic with counts per level and totals, questions per lab, and coverage of the seed questions.
-    With `questions` (the ones some filters select) the counts are theirs and the matching ids are listed."""
+def built_labs() -> set[str]:
+    """The labs a learner has: the folders of the repository's labs/ (all of LABS where there is no checkout)."""
+    labs = Path(__file__).resolve().parents[2] / "labs"
+    found = {d.name for d in labs.iterdir() if d.is_dir() and d.name in LABS} if labs.is_dir() else set()
+    return found or set(LABS)
+
+
+def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: str = "",
+               planned: bool = False) -> None:
+    """Every topic with counts per level and totals, and questions per lab; with `planned` (for authors) also the
+    topics and labs not built yet and the coverage of the seed questions. With `questions` (the ones some filters
+    select) the counts are theirs and the matching ids are listed."""
 
     selected = list(bank.questions.values()) if questions is None else questions
     short = {"system-design": "design"}
     cols = [short.get(l, l) for l in LEVELS]
     if questions is None:
-        names = [*bank.topics, *[p for p in PLANNED_TOPICS if p not in bank.topics]]
+        names = [*bank.topics, *[p for p in PLANNED_TOPICS if p not in bank.topics and planned]]
     else:
         names = [t for t in bank.topics if any(q.topic == t for q in selected)]
     titles = {t: bank.topics.get(t, "(no file yet)") for t in names}
@@ -179,10 +194,13 @@ def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: 
     for q in selected:
         for lab in {l.split("_")[0] for l in q.labs}:
             by_lab[lab] = by_lab.get(lab, 0) + 1
-    out.write("questions per lab: " + ", ".join(f"{lab} {by_lab.get(lab, 0)}" for lab in LABS) + "\n")
+    shown = [lab for lab in LABS if planned or lab in built_labs()]
+    out.write("questions per lab: " + ", ".join(f"{lab} {by_lab.get(lab, 0)}" for lab in shown) + "\n")
     if questions is not None:
         iw = max(len(q.id) for q in selected)
         out.write("\n" + "".join(f"  {q.id:<{iw}}  {q.topic}, {q.level}\n" for q in selected))
+        return
+    if not planned:
         return
     cov = coverage(bank)
     present = len(cov.referenced) - len(cov.missing)
