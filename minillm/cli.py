@@ -335,12 +335,12 @@ def cmd_bench(args) -> int:
         par_bench = _load("bench.parallel")
         config = engine_config(args)
         progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
-        r = par_bench.run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes), args.steps or 16,
-                               progress=progress)
+        r = par_bench.run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes),
+                                         args.steps or 16, progress=progress)
         if args.plot:
             par_bench.parallel_plot(r, args.plot)
-        print(json.dumps(r) if args.json else par_bench.format_parallel(r) + (f"\nplot written to {args.plot}" if args.plot
-                                                                     else ""))
+        plotted = f"\nplot written to {args.plot}" if args.plot else ""
+        print(json.dumps(r) if args.json else par_bench.format_parallel(r) + plotted)
         return 0
     return _load("bench.cli").run(args)   # throughput / kv / prefix / spec / structured
 

@@ -96,6 +96,7 @@ def test_math_renders_from_the_books_own_mathjax(site):
         pytest.skip("no Chromium on this machine (Debian: apt-get install chromium; `make book-browser` tries)")
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                               "--virtual-time-budget=15000", "--dump-dom", (site.parent / "architecture.html").as_uri()],
+                               "--virtual-time-budget=15000", "--dump-dom",
+                               (site.parent / "architecture.html").as_uri()],
                               capture_output=True, text=True, timeout=300, check=False)     # a hang guard
     assert 'class="MathJax_Display"' in done.stdout and done.stdout.count('class="MathJax"') >= 5, done.stderr[-1500:]

@@ -117,7 +117,8 @@ def test_a_cached_hash_passes():
 
 
 @pytest.mark.parametrize("tid, body", [
-    ("lab01_2", "return float(2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * batch_size * seq_len * dtype_bytes)"),
+    ("lab01_2", "return float(2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * batch_size * seq_len\n"
+                "                 * dtype_bytes)"),
     ("lab01_3", "per = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * seq_len * dtype_bytes\n"
                 "    return float(max(0, (memory_bytes - weight_bytes) // per))"),
 ])

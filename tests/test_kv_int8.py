@@ -336,7 +336,8 @@ def test_tensor_parallel_workers_build_an_int8_pool():
     from minillm.executor.workers import WorkerSpec
     from minillm.testing import random_model
     from minillm.worker.model_runner import build_runner
-    spec = WorkerSpec("unused", EngineConfig.from_kwargs(attention_backend="torch", block_size=4, kv_cache_dtype="int8"))
+    spec = WorkerSpec("unused", EngineConfig.from_kwargs(attention_backend="torch", block_size=4,
+                                                         kv_cache_dtype="int8"))
     runner = build_runner(random_model(0), spec.config, 3, Communicator())
     assert runner.kv_cache.quantized and runner.kv_cache.k.dtype == torch.int8
 

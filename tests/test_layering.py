@@ -5,7 +5,8 @@ The floors, bottom to top (README "Layout" and ../shared/DESIGN.md say the same 
 
     interfaces, config  <  catalog  <  quant  <  kernels, distributed  <  kv  <  layers  <  models  <  calibration
     <  loading  <  worker  <  structured  <  sampling  <  spec_decode  <  engine  <  executor  <  llm, cli_args
-    <  serve  <  bench, fleet  <  verdict  <  testing  <  grading, quiz  <  cli  <  __main__ and the package's face (__init__)
+    <  serve  <  bench, fleet  <  verdict  <  testing  <  grading, quiz  <  cli
+    <  __main__ and the package's face (__init__)
 
 A module may import its own package and any package on a lower floor; two packages on one floor stay independent.
 Read from the source with `ast` (nothing is imported); `if TYPE_CHECKING:` blocks count like any other import.

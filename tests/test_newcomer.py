@@ -70,7 +70,8 @@ def test_a_long_prompt_gets_the_advice_that_helps():
 
 
 def test_generate_reports_its_speed(tiny_dir, capsys):
-    assert main(["generate", "ab", "--model", str(tiny_dir), "--no-chat", "--max-tokens", "6", "--temperature", "0"]) == 0
+    argv = ["generate", "ab", "--model", str(tiny_dir), "--no-chat", "--max-tokens", "6", "--temperature", "0"]
+    assert main(argv) == 0
     err = capsys.readouterr().err
     assert "tokens in" in err and "first token after" in err, err
 

@@ -205,8 +205,9 @@ def api_page() -> str:
     seams = next(p for p in table if "plugged with" in p)
     lines += ["## The seams (`minillm.interfaces`)", "", "Each seam, minillm's own implementation of it, and where a "
               "learner's piece plugs in:", "", "```text", seams.rstrip(), "```", ""]
-    for name in sorted(n for n, v in vars(interfaces).items() if isinstance(v, type) and getattr(v, "_is_protocol", False)
-                       and v.__module__ == interfaces.__name__):
+    protocols = (n for n, v in vars(interfaces).items()
+                 if isinstance(v, type) and getattr(v, "_is_protocol", False) and v.__module__ == interfaces.__name__)
+    for name in sorted(protocols):
         lines += ["```{eval-rst}", f".. autoclass:: minillm.interfaces.{name}", "   :members:", "   :no-index:",
                   "```", ""]
     return "\n".join(lines)

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release", action="store_true", help="also run nbgrader generate_assignment into labs/")
     ap.add_argument("--check", action="store_true", help="only report .ipynb files out of date with their .py")
     ap.add_argument("--overwrite-edited", action="store_true",
-                    help="with --release: regenerate labs/ notebooks that were edited too (saved first to work/backups)")
+                    help="with --release: regenerate edited labs/ notebooks too (saved first to work/backups)")
     ap.add_argument("--workspace", action="store_true", help="copy labs/ into work/ where work/ lacks a file, and stop")
     args = ap.parse_args(argv)
     if args.workspace:

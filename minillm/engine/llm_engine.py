@@ -169,7 +169,8 @@ class LLMEngine:
         if n >= self.max_model_len:
             context = self.model.cfg.max_position_embeddings
             if self.max_model_len == pool:
-                limit, fix = "KV pool", "give the engine a larger KV budget (kv_cache_memory / --kv-cache-memory, or num_blocks)"
+                limit, fix = "KV pool", ("give the engine a larger KV budget (kv_cache_memory / --kv-cache-memory, "
+                                         "or num_blocks)")
             elif self.max_model_len < context:
                 limit, fix = "max_model_len", f"raise max_model_len (--max-model-len; the model allows {context})"
             else:

@@ -141,12 +141,6 @@ class _Plan:
 _plans: "weakref.WeakKeyDictionary[DecodeWeights, _Plan | None]" = weakref.WeakKeyDictionary()
 
 
-def supports(weights: DecodeWeights) -> bool:
-    """Whether the step can run these weights: all four matmuls of every layer weight-only int8/int4 in the
-    kernel's layout, float32 contiguous norms of one eps."""
-    return _plan(weights) is not None
-
-
 def _build(w: DecodeWeights) -> _Plan | None:
     layers = (_Layer * len(w.layers))()
     for i, lw in enumerate(w.layers):

@@ -128,9 +128,9 @@ class LlamaModel(nn.Module):
         """This model's weights as the fused CPU decode step reads them, or None where that step would not compute
         what the layers compute: a shard (tensor or pipeline parallel), a module that is not minillm's own class
         (a lab's swapped-in piece) or carries a forward hook, norms of different eps. Which weight formats the step
-        takes is the kernel's to say (cpu_decode.supports: weight-only int8/int4). Cached while the modules, their
-        hooks, quantized weights and norm storage stay the same: checked on every call, by identity (~30 us for
-        SmolLM2's 30 layers)."""
+        takes is the kernel's to say (cpu_decode.run declines all but weight-only int8/int4). Cached while the
+        modules, their hooks, quantized weights and norm storage stay the same: checked on every call, by identity
+        (~30 us for SmolLM2's 30 layers)."""
         cached = self.__dict__.get("_decode_cache")
         if cached is None or not cached.valid():
             cached = _DecodeCache.build(self)

@@ -125,7 +125,7 @@ class SpecDecoder:
                ) -> dict[Sequence, tuple[list[int], list[Optional[TokenLogprobs]], int]]:
         """items: (seq, its rows of logits: the last real token's, then one per verified guess). Returns per seq
         the tokens to append (accepted guesses + one), their logprobs, and how many guesses were verified."""
-        if not items:                            # no row verifies guesses this step: the rejection sampler is not called
+        if not items:          # no row verifies guesses this step: the rejection sampler is not called
             return {}
         rows, params, prompts, outputs = [], [], [], []
         drafts, qs, gens = [], [], []

@@ -3,7 +3,8 @@ first layers with its final norm and LM head (layer_skip, weights shared).
 
 The draft keeps its own paged KV pool (a KVCache and a BlockManager of its own, prefix caching off), indexed by the
 target sequence's seq_id, and runs through a ModelRunner of its own (the engine's runner class: the same batch
-description, the same choice of the fused CPU decode step). Each step it catches up on the tokens the target accepted since its last proposal, then
+description, the same choice of the fused CPU decode step). Each step it catches up on the tokens the target
+accepted since its last proposal, then
 decodes k tokens one at a time, all sequences batched. A greedy request's drafts are the draft's argmax (q
 one-hot); a random request's are sampled from the draft's distribution under the request's own settings, and that
 distribution is returned as q for the rejection sampler. After verification the draft forgets the KV of its
