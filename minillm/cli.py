@@ -102,6 +102,11 @@ def _structured(args):
         if args.whitespace_pattern is not None:
             raise ValueError("--whitespace-pattern needs --json-schema or --json-object")
         return None
+    if args.whitespace_pattern is not None:
+        try:
+            parse(args.whitespace_pattern)
+        except ValueError as e:
+            raise ValueError(f"--whitespace-pattern {args.whitespace_pattern!r}: {e}") from None
     so = StructuredOutputsParams(json=schema, regex=args.regex, choice=args.choice, json_object=args.json_object,
                                  whitespace_pattern=args.whitespace_pattern)
     parse(so.to_regex())           # a bad schema or regex fails now, before the model loads

@@ -423,10 +423,11 @@ class EngineConfig:
                 raise TypeError
             budget = c.kv_cache_memory_bytes
         except (TypeError, ValueError, OverflowError):      # OverflowError: inf, 1e400
-            raise ValueError(f"kv_cache_memory must be bytes or a size like '512MiB' / '2GiB', "
-                             f"got {c.kv_cache_memory!r}") from None
+            raise ValueError(f"kv_cache_memory must be bytes or a size in KiB/MiB/GiB (or kB/MB/GB) like '512MiB' / "
+                             f"'2GiB', got {c.kv_cache_memory!r}") from None
         if budget <= 0:
-            raise ValueError(f"kv_cache_memory must be positive, got {c.kv_cache_memory!r}")
+            raise ValueError(f"kv_cache_memory must be a positive size (the KV pool's budget, e.g. '2GiB'), got "
+                             f"{c.kv_cache_memory!r}")
         if not isinstance(c.kv_cache_dtype, str) or c.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {c.kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)} "
                              "(auto: the model's dtype)")

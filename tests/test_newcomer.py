@@ -98,3 +98,17 @@ def test_bad_flags_fail_before_torch_is_imported(argv, needle):
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and needle in done.stderr, done.stderr
     assert done.stdout.strip().endswith("NO-TORCH"), (done.stdout, done.stderr)
+
+
+def test_errors_name_the_file_or_the_flag(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"model_type":')             # a truncated download
+    assert main(["generate", "hi", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'config.json'} is not valid JSON" in err and "\n" == err[-1] and err.count("\n") == 1
+    with mock.patch("minillm.executor.launch.start_engine", _no_load):
+        assert main(["generate", "hi", "--json-object", "--whitespace-pattern", "("]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --whitespace-pattern '(':") and len(err) < 200, err
+    for value, needle in (("1PiB", "KiB/MiB/GiB"), ("-1GiB", "positive size")):
+        with pytest.raises(ValueError, match=needle):
+            EngineConfig.from_kwargs(kv_cache_memory=value)

@@ -116,7 +116,12 @@ def _hf_dir_config(path: Path) -> ModelConfig:
     if not cfg_file.is_file():
         raise ModelLoadError(f"{path} has no config.json: a Hugging Face model directory needs config.json, "
                              "*.safetensors and tokenizer.json")
-    return config_from_hf(json.loads(cfg_file.read_text()))
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}): restore the file from the model's source "
+                             "(a truncated download?)") from None
+    return config_from_hf(raw)
 
 
 def _read_hf_dir(path: Path):
