@@ -139,6 +139,21 @@ QGEMM_BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8")
 W8A8_KERNELS = ("auto", "fbgemm", "float", "int_mm")
 CPU_ATTENTION_KERNELS = ("c", "numba")
 
+# Each kernel setting once: its environment variable, its default, the values it takes.
+KERNEL_SETTINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "decode_step": ("MINILLM_DECODE_STEP", "fused", DECODE_STEPS),
+    "qgemm": ("MINILLM_QGEMM", "c", QGEMMS),
+    "qgemm_batched": ("MINILLM_QGEMM_BATCHED", "int16", QGEMM_BATCHED_PATHS),
+    "w8a8_kernel": ("MINILLM_W8A8", "auto", W8A8_KERNELS),
+    "cpu_attention_kernel": ("MINILLM_CPU_KERNEL", "c", CPU_ATTENTION_KERNELS),
+}
+KERNEL_ENV = tuple(env for env, _, _ in KERNEL_SETTINGS.values())
+
+
+def _kernel_default(name: str) -> Any:
+    env, default, _ = KERNEL_SETTINGS[name]
+    return field(default_factory=lambda: _env(env, default))
+
 
 @dataclass
 class KernelConfig:
@@ -146,25 +161,21 @@ class KernelConfig:
     process-wide (shared C libraries and their packed weight copies), so the setting is too: an engine applies its
     own when it is built (`use_kernels`), and the environment gives the defaults (README, "Settings")."""
     # fused: a decode step of a quantized model in one C call (kernels/cpu_decode.py) | layers: layer by layer
-    decode_step: str = field(default_factory=lambda: _env("MINILLM_DECODE_STEP", "fused"))
+    decode_step: str = _kernel_default("decode_step")
     # c: the integer kernel | scalar: the same built without SIMD | torch: dequantize + float matmul (reference)
-    qgemm: str = field(default_factory=lambda: _env("MINILLM_QGEMM", "c"))
+    qgemm: str = _kernel_default("qgemm")
     # weight-only layers' product from kernels.cpu_qgemm.BATCHED_MIN_ROWS rows on (kernels/cpu_qgemm.py's table)
-    qgemm_batched: str = field(default_factory=lambda: _env("MINILLM_QGEMM_BATCHED", "int16"))
+    qgemm_batched: str = _kernel_default("qgemm_batched")
     # W8A8 layers: fbgemm | float | int_mm; auto: fbgemm where it works, else float
-    w8a8_kernel: str = field(default_factory=lambda: _env("MINILLM_W8A8", "auto"))
+    w8a8_kernel: str = _kernel_default("w8a8_kernel")
     # the CPU attention backend's decode kernel: c (csrc/paged_decode.c) | numba
-    cpu_attention_kernel: str = field(default_factory=lambda: _env("MINILLM_CPU_KERNEL", "c"))
+    cpu_attention_kernel: str = _kernel_default("cpu_attention_kernel")
 
     def __post_init__(self) -> None:
-        _choice("decode_step", "MINILLM_DECODE_STEP", self.decode_step, DECODE_STEPS)
-        _choice("qgemm", "MINILLM_QGEMM", self.qgemm, QGEMMS)
-        _choice("qgemm_batched", "MINILLM_QGEMM_BATCHED", self.qgemm_batched, QGEMM_BATCHED_PATHS)
-        _choice("w8a8_kernel", "MINILLM_W8A8", self.w8a8_kernel, W8A8_KERNELS)
-        _choice("cpu_attention_kernel", "MINILLM_CPU_KERNEL", self.cpu_attention_kernel, CPU_ATTENTION_KERNELS)
+        for name, (env, _, allowed) in KERNEL_SETTINGS.items():
+            _choice(name, env, getattr(self, name), allowed)
 
 
-KERNEL_ENV = ("MINILLM_DECODE_STEP", "MINILLM_QGEMM", "MINILLM_QGEMM_BATCHED", "MINILLM_W8A8", "MINILLM_CPU_KERNEL")
 _from_env: tuple[tuple, KernelConfig] | None = None
 _chosen: KernelConfig | None = None
 

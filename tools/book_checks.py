@@ -74,14 +74,15 @@ def problems(html_dir: Path, labs: list[str], topics: list[str]) -> list[str]:
     shown = {lab: _released_lines(lab) for lab in labs}
     for page in pages:
         parser = _Page()
-        parser.feed(page.read_text(errors="replace"))
+        source = page.read_text(errors="replace")
+        parser.feed(source)
         rel = page.relative_to(html_dir)
         if rel.parts[0] in ("_static", "_sources"):      # theme templates and page sources, not pages
             continue
         for tag, attr, value in parser.refs:
             parts = urlsplit(value)
             if parts.scheme in ("http", "https") or value.startswith("//"):
-                if (tag, attr) in LOADED and (tag != "link" or _is_loaded_link(page, value)):
+                if (tag, attr) in LOADED and (tag != "link" or _is_loaded_link(source, value)):
                     found.append(f"{rel}: <{tag} {attr}={value!r}> loads from the network")
                 continue
             if parts.scheme or value.startswith("#") or not parts.path:
@@ -109,10 +110,9 @@ def problems(html_dir: Path, labs: list[str], topics: list[str]) -> list[str]:
     return found
 
 
-def _is_loaded_link(page: Path, href: str) -> bool:
+def _is_loaded_link(page_source: str, href: str) -> bool:
     """A <link> loads its href when it is a stylesheet, a preload or an icon; a canonical/alternate one does not."""
-    text = page.read_text(errors="replace")
-    for m in re.finditer(r"<link\b[^>]*>", text):
+    for m in re.finditer(r"<link\b[^>]*>", page_source):
         tag = m.group(0)
         if href in tag:
             rel = re.search(r'rel="([^"]*)"', tag)

@@ -10,7 +10,7 @@
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
 their 16-bit copies: tests/test_quant.py, tests/test_w8a8.py and tests/test_int16_gemm.py state the tolerances.
 MINILLM_QGEMM=scalar builds the kernel without SIMD (the portable loop, for tests and A/B runs);
-MINILLM_QGEMM_BATCHED=int16|fp16|bf16|w8a8|float|dequant overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py;
+MINILLM_QGEMM_BATCHED=int16|fp16|bf16|w8a8|float overrides BATCHED_PATH (A/B runs, tools/measure_qgemm.py;
 w8a8 uses the layers' SmoothQuant factors, which load_model then calibrates).
 """
 from __future__ import annotations
@@ -129,8 +129,8 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # vs 25.9, 16 rows 111.9 vs 50.3; the layers (MINILLM_DECODE_STEP=layers) cross at the same place (3 rows 34.4 vs
 # 32.4, 8 rows 66.7 vs 44.0). Batch-1 decode stays on the C kernel: it streams int4's 0.56 bytes per weight, not 2.
 BATCHED_MIN_ROWS = 3
-BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8", "dequant")
-BATCHED_PATH = "int16"
+BATCHED_PATHS = (*config.QGEMM_BATCHED_PATHS, "dequant")   # dequant: only inside exact_batched()
+BATCHED_PATH = config.KERNEL_SETTINGS["qgemm_batched"][1]
 _exact = threading.local()
 
 
