@@ -40,3 +40,17 @@ c.Execute.interrupt_on_timeout = True
 # Graded cells are one-line checker calls: the hidden logic lives in minillm.grading, so feedback shows
 # the checker's message (failing example + hint), not the tests.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+
+# Trusted grading (minillm.grading.trusted): autograde takes every answer out of the kernel and checks it with the
+# learner's code in a sandbox process, so nothing an answer cell does to its kernel changes a grade; each graded
+# cell's output is then the trusted verdict, which SaveAutoGrades records. (nbgrader's own Execute in the first
+# place grades from the kernel's outputs instead: instant feedback, not a verdict.)
+c.Autograde.autograde_preprocessors = [
+    "minillm.grading.trusted.TrustedExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]

@@ -213,7 +213,10 @@ def table_of(bm, sid: int) -> list[int]:
 def refs_of(bm) -> list[int] | None:
     if not hasattr(bm, "ref_count"):
         return None
-    return [as_int(bm.ref_count(b), f"ref_count({b})") for b in range(bm.num_blocks)]
+    fn = bm.ref_count
+    many = getattr(fn, "map_calls", None)         # a method of an object in a grading sandbox: one request for all
+    counts = many(range(bm.num_blocks)) if many is not None else [fn(b) for b in range(bm.num_blocks)]
+    return [as_int(c, f"ref_count({b})") for b, c in enumerate(counts)]
 
 
 def snapshot(bm, seq_ids) -> dict:

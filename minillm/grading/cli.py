@@ -136,16 +136,22 @@ def _checksum_ok(cell: NotebookNode) -> bool:
     return compute_checksum(cell) == expected
 
 
-def execute_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str = "python3"):
-    """Execute a copy of the notebook in its own folder; returns the executed NotebookNode (file untouched)."""
+def read_notebook(nb_path: Path) -> NotebookNode:
     import nbformat
-    from nbclient import NotebookClient
     try:
-        nb = nbformat.read(nb_path, as_version=4)
+        return nbformat.read(nb_path, as_version=4)
     except Exception as e:          # not JSON, or JSON that is not a notebook (nbformat raises several kinds)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{nb_path} is not a Jupyter notebook that nbformat can read ({first[:160]}): pass a "
                          "lab's .ipynb file") from None
+
+
+def execute_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name: str = "python3",
+                     nb: NotebookNode | None = None) -> NotebookNode:
+    """Execute a copy of the notebook (or `nb`) in the notebook's folder; returns the executed NotebookNode (the
+    file is untouched)."""
+    from nbclient import NotebookClient
+    nb = read_notebook(nb_path) if nb is None else nb
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, allow_errors=True,
                             interrupt_on_timeout=True,
                             resources={"metadata": {"path": str(nb_path.parent.resolve())}})
@@ -160,7 +166,10 @@ def execute_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT, kernel_name:
 
 
 def grade_notebook(nb_path: Path, timeout: int = DEFAULT_TIMEOUT) -> list[TaskResult]:
-    nb = execute_notebook(nb_path, timeout)
+    """The trusted scorecard: answers taken out of a fresh kernel, each checked with the learner's code in a
+    sandbox process (minillm.grading.trusted)."""
+    from minillm.grading.trusted import run_trusted
+    nb = run_trusted(read_notebook(nb_path), lambda work: execute_notebook(nb_path, timeout, nb=work))
     return grade_cells(nb.cells, timeout)
 
 

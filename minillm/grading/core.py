@@ -88,7 +88,7 @@ from minillm.verdict import (NOT_IMPLEMENTED, GradingError, Hint, as_float, as_i
                              verify_untampered)
 
 __all__ = ["GradingError", "Hint", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task",
-           "run_property", "diagnose", "not_recorded", "reject_delegation", "copy_note", "Watch", "seal", "verify_untampered",
+           "run_property", "diagnose", "not_recorded", "note_call", "reject_delegation", "copy_note", "fingerprints", "Watch", "seal", "verify_untampered",
            "NOT_IMPLEMENTED", "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file",
            "show", "learner_location", "time_limit", "TimedOut", "reset_attempts", "DEFAULT_TIME_LIMIT"]
 
@@ -178,12 +178,16 @@ def _size(fp: tuple) -> int:
 VERBATIM_NOTE_INSTRUCTIONS = 40
 
 
-def copy_note(answer: Any, engine: Iterable[Any]) -> str | None:
-    """A note when the answer's own code repeats minillm's implementation of the piece verbatim, else None."""
+def fingerprints(engine: Iterable[Any]) -> set[tuple]:
+    """The verbatim fingerprints of minillm's implementation of a piece (copy_note compares with them)."""
+    return {_fingerprint(c, names=True) for e in engine for c in _codes(e)}
+
+
+def copy_note(answer: Any, refs: set[tuple]) -> str | None:
+    """A note when the answer's own code repeats minillm's implementation (`refs`: its fingerprints) verbatim."""
     target = _unwrap(answer)
     owner = target if inspect.isfunction(target) or isinstance(target, type) else type(target)
-    own = [f.__code__ for f in _functions(owner) if _is_learner_code(f.__code__, f.__globals__)]
-    refs = {_fingerprint(c, names=True) for e in engine for c in _codes(e)}
+    own = [f.__code__ for f in _functions(owner) if not is_library_file(f.__code__.co_filename)]
     matched = [fp for fp in (_fingerprint(c, names=True) for c in own) if fp in refs]
     if sum(_size(fp) for fp in matched) < VERBATIM_NOTE_INSTRUCTIONS:
         return None
@@ -268,6 +272,7 @@ class Watch:
         self.seen_engine = False
         self.calls: list[str] = []
         self.paused = 0
+        self.noted = False           # calls recorded by a stand-in (note_call)
 
     def __enter__(self) -> "Watch":
         self.entry = sys._getframe(1)
@@ -435,6 +440,8 @@ def learner_location(exc: BaseException) -> str:
     """Where in the learner's own code an exception was raised, e.g. ' (in attend, line 7: `k = k[idx]`)': the
     innermost frame of its traceback that is neither minillm's, nor a library's (no file path: in a notebook the
     line number counts from the top of the cell)."""
+    if getattr(exc, "remote_where", None) is not None:         # raised in the sandbox (trusted grading)
+        return exc.remote_where
     mine = [f for f in traceback.extract_tb(exc.__traceback__) if not is_library_file(f.filename)
             or f.filename.startswith("<ipython")]
     if not mine:
@@ -515,7 +522,7 @@ def _example_text(example: bool | Callable[..., str], watch: "Watch | None", inn
                   exc: BaseException) -> str | None:
     if example is False:
         return None
-    if watch is not None and watch.answer and not watch.method_calls:      # a function answer: its call
+    if watch is not None and (watch.answer or watch.noted) and not watch.method_calls:   # a function answer: its call
         return watch.calls[-1] if watch.calls else None
     try:
         bound = inspect.signature(inner).bind(*last.get("args", ()), **last.get("kwargs", {}))
@@ -548,6 +555,16 @@ def diagnose(fn: Callable[..., Any], variants: list[tuple[str, Callable[..., Any
             except Exception:  # noqa: BLE001
                 continue
     return None
+
+
+def note_call(text: str) -> None:
+    """Record a call of the answer made through a stand-in (trusted grading: the answer's code runs in another
+    process, where the Watch cannot see it)."""
+    watch = _WATCHES[-1] if _WATCHES else None
+    if watch is not None and not watch.paused:
+        watch.noted = True
+        watch.calls.append(_clip(text, 600))
+        del watch.calls[:-_KEPT_CALLS]
 
 
 @contextlib.contextmanager
@@ -654,14 +671,19 @@ class Task:
     form:    answer -> the object to verify, checking its shape (default: from kind)
     time_limit: seconds the whole check may take before it stops with "timed out after N s" (an endless loop in
              the answer); about 10x what a correct answer takes on a slow 2-core machine.
+    instances: where a class answer's instances live under trusted grading (minillm.grading.trusted): "sandbox"
+             (the checker drives them through calls) or "grader" (the engine holds them: the learner's methods run
+             in the sandbox with `self` lent from the grader's process).
     """
 
     def __init__(self, task_id: str, *, what: str, verify: Callable[[Any], None],
                  engine: Callable[[], list], oracles: Callable[[], list] = list, kind: str = "function",
                  base: type | None = None, methods: tuple[str, ...] = (),
-                 form: Callable[[Any], Any] | None = None, time_limit: float = DEFAULT_TIME_LIMIT) -> None:
-        if kind not in ("function", "class", "methods"):
-            raise ValueError(f"unknown answer kind {kind!r}")
+                 form: Callable[[Any], Any] | None = None, time_limit: float = DEFAULT_TIME_LIMIT,
+                 instances: str = "sandbox") -> None:
+        if kind not in ("function", "class", "methods") or instances not in ("sandbox", "grader"):
+            raise ValueError(f"unknown answer kind {kind!r} or instances {instances!r}")
+        self.instances = instances
         self.id, self.what, self.kind, self.base, self.methods = task_id, what, kind, base, methods
         self._verify, self._engine, self._oracles, self.time_limit = verify, engine, oracles, time_limit
         if form is None:
@@ -741,7 +763,7 @@ class Task:
                  "instead of your code.", _DELEGATES)
         if verdict is not None:
             raise verdict
-        note = copy_note(answer, engine)
+        note = copy_note(answer, fingerprints(engine))
         if note:
             print(note)
 
@@ -806,6 +828,8 @@ def _answer_codes(obj: Any) -> list[types.CodeType]:
 
 
 def _raised_in_learner_code(exc: BaseException) -> bool:
+    if getattr(exc, "remote_where", None) is not None:
+        return True
     tb = exc.__traceback__
     while tb is not None:
         if _is_learner_code(tb.tb_frame.f_code, tb.tb_frame.f_globals):
