@@ -83,6 +83,7 @@ config.keep_hypothesis_out_of_the_notebook(os.path.join(tempfile.gettempdir(), "
 import torch  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
+from minillm.grading.wire import ChannelClosed  # noqa: E402
 from minillm.verdict import (NOT_IMPLEMENTED, GradingError, Hint, as_float, as_int, as_ints,  # noqa: E402,F401
                              as_tensor, check, fail, is_minillm as _is_minillm, seal, type_name as _type_name,
                              verify_untampered)
@@ -506,7 +507,7 @@ def run_property(test_fn: Callable[[], None], *, max_examples: int = 50, hint: "
     configured.hypothesis.inner_test = one_example
     try:
         configured()
-    except (KeyboardInterrupt, SystemExit, Delegated, TimedOut):
+    except (KeyboardInterrupt, SystemExit, Delegated, TimedOut, ChannelClosed):
         raise
     except BaseException as exc:  # noqa: BLE001 — the learner's code may raise anything
         described = _describe(exc)
