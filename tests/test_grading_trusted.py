@@ -330,3 +330,42 @@ def test_tampering_fails_through_nbgrader_autograde_with_the_trusted_hook(tmp_pa
         scores = {g.name: g.score for g in gb.find_submission_notebook("tamper", "tamper", "learner").grades}
     assert scores.pop("correct") == 1, scores
     assert scores == {name: 0 for name in TAMPERING}, scores
+
+
+# ---------------------------------------------------------------- delegation, the trusted way
+
+# one task of each kind per lab; each delegation form of tests/test_grading_integrity.py but the copy (graded by its
+# behaviour) — minillm's object itself, a wrapper / subclass / super() call / alias of it
+TRUSTED_DELEGATION = ("lab00_1", "lab01_1", "lab02_2", "lab02_3", "lab03_1", "lab04_1", "lab05_1", "lab06_2",
+                      "lab07_2", "lab08_2", "lab09_4", "lab10_2")
+
+
+def _delegation_cases():
+    from tests.test_grading_integrity import TASKS, delegations
+    for tid in TRUSTED_DELEGATION:
+        for how, answer in delegations(TASKS[tid]):
+            if how in ("itself", "wrapper", "super", "alias", "composition"):
+                yield pytest.param(tid, how, id=f"{tid}-{how}")
+
+
+@pytest.mark.slow            # a sandbox per case: about two seconds each
+@pytest.mark.parametrize("tid, how", list(_delegation_cases()))
+def test_delegation_to_minillm_fails_under_trusted_grading(tid, how):
+    from tests.test_grading_integrity import TASKS, delegations
+    answer = dict(delegations(TASKS[tid]))[how]
+    owner = answer if isinstance(answer, type) else getattr(answer, "__wrapped__", answer)
+    module = sys.modules.get(getattr(owner, "__module__", "") or "")
+    mine = module is not None and module.__name__.startswith("learner_answers_")
+    if mine:
+        cloudpickle.register_pickle_by_value(module)       # what emit() does for a notebook's own helper modules
+    try:
+        payload = cloudpickle.dumps(answer)
+    finally:
+        if mine:
+            cloudpickle.unregister_pickle_by_value(module)
+    verdict = trusted.grade_answer(tid, payload)
+    assert not verdict.passed, (tid, how)
+    reasons = ("is not available while your answer is graded", "raised TypeError", "lacks", "does not define",
+               "could not be loaded where it is graded",
+               "super(type, obj)")     # super() in a method run with `self` lent from the grader (lab04)
+    assert any(r in verdict.message for r in reasons), verdict.message

@@ -324,7 +324,12 @@ def grade_answer(task_id: str, payload: bytes) -> Verdict:
     task: Task = module.TASKS[task_id]
     answer = None
     try:
-        answer = _Answer(task, payload)
+        try:
+            answer = _Answer(task, payload)
+        except Exception as e:  # noqa: BLE001 — unpickling ran in the sandbox: whatever it raised is the answer's
+            return Verdict(False, f"your {task.what} could not be loaded where it is graded ({type(e).__name__}: "
+                                  f"{e}): hand in code of your own, defined in the notebook (minillm's graders and "
+                                  "its own implementation of the piece are not available there).")
         task.check(stand_in(answer))
         return Verdict(True, note=answer.description.get("note"))
     except GradingError as e:
