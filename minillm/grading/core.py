@@ -42,20 +42,11 @@ Feedback: the conventions a lab's grader follows (lab08 and later too)
     grader itself says it is the grader's bug. In a notebook the verdict shows without a traceback
     (GradingError._render_traceback_): no grader frame, no install path.
 
-Integrity: what an answer cell may do and still not change a verdict
-  - rebind a checker's name: graded cells import their checker afresh;
-  - patch a grading module (`g.run_property = ...`, `vars(g)[...] = ...`, `torch.allclose = ...`): grading modules
-    are sealed (`seal`, the last line of each): setting or deleting their attributes raises, and every name
-    imported from them comes from a private copy of the module executed at import time, whose functions see
-    one-level snapshots of torch / math / numpy / hypothesis.strategies taken then; patching that private copy
-    (function code, class attributes, its namespace) is detected by verify_untampered;
-  - return objects that lie (an __eq__ that is always true, a tensor subclass with __torch_function__, a number
-    whose __float__ peeks at the checker's frame): results are read with exact types (`as_int`, `as_tensor`, ...)
-    before anything compares them, and references are computed from copies of the inputs after the learner's
-    code has returned;
-  - delegate to minillm's implementation: see 3 and 4 above.
-  What an in-process checker cannot stop: replacing entries of sys.modules, patching builtins, or patching the
-  classes of torch / hypothesis themselves. Only grading in a separate process closes those.
+Feedback, not verdicts: `task.check` runs in the learner's kernel, where an answer cell can change anything, so its
+integrity checks (exact-type reads of results, references computed from copies of the inputs, refusing minillm's
+own implementation handed in or run by the answer) serve honest learners' feedback. The verdict is
+minillm.grading.trusted's: the same `task.check`, run in the grader's own process on a stand-in whose every use
+is a request to a sandbox process holding the learner's code (minillm.grading.sandbox).
 """
 from __future__ import annotations
 
