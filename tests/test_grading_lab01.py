@@ -41,7 +41,8 @@ def test_reference_attend_matches_minillm():
                                    atol=1e-5, rtol=1e-5)
 
 
-def _attn(q, k, v, scale, *, stable=True, kv_map="div", offset="suffix", strict=False, own_scale=False):
+def _attn(q, k, v, scale, *, stable=True, kv_map="div", offset="suffix", strict=False, own_scale=False,
+          mask_value=float("-inf"), additive=False):
     n, H, D = q.shape
     L, KVH, _ = k.shape
     g = H // KVH
@@ -51,7 +52,10 @@ def _attn(q, k, v, scale, *, stable=True, kv_map="div", offset="suffix", strict=
     start = L - n if offset == "suffix" else 0
     qpos = torch.arange(start, start + n)[:, None]
     kpos = torch.arange(L)[None, :]
-    s = s.masked_fill((kpos >= qpos) if strict else (kpos > qpos), float("-inf"))
+    masked = (kpos >= qpos) if strict else (kpos > qpos)
+    if callable(mask_value):
+        mask_value = mask_value(s.dtype)
+    s = s + masked.to(s.dtype) * mask_value if additive else s.masked_fill(masked, mask_value)
     if stable:
         s = s - s.amax(-1, keepdim=True)
     p = s.exp()
@@ -75,6 +79,11 @@ ATTN_WRONG = {
     "writes_into_cache": (_in_place, "modified its inputs"),
     "returns_float64": (lambda q, k, v, s: _attn(q.double(), k.double(), v.double(), s), "dtype"),
     "returns_float32": (lambda q, k, v, s: _attn(q.float(), k.float(), v.float(), s), "dtype"),
+    # a finite "very negative" mask: right while the scores are small, wrong once they reach about ±1e10
+    "mask_minus_1e9": (functools.partial(_attn, mask_value=-1e9), "finite 'very negative' constant"),
+    "mask_minus_1e4": (functools.partial(_attn, mask_value=-1e4), "finite 'very negative' constant"),
+    "mask_fp16_min": (functools.partial(_attn, mask_value=-65504.0), "finite 'very negative' constant"),
+    "additive_minus_1e9": (functools.partial(_attn, mask_value=-1e9, additive=True), "finite 'very negative'"),
 }
 
 
@@ -86,6 +95,13 @@ def test_lab01_1_wrong_implementations_fail(name):
 
 def test_lab01_1_correct_learner_code_passes():
     check_lab01_1(functools.partial(_attn))  # a partial WITH bound defaults is the learner's own code path
+
+
+@pytest.mark.parametrize("additive", [False, True], ids=["masked_fill", "added"])
+def test_lab01_1_the_dtypes_lowest_value_as_the_mask_passes(additive):
+    """torch.finfo(dtype).min (set, or added to the score) gives masked keys weight exactly 0 for any finite scores:
+    a correct alternative to -inf (the lab text says so)."""
+    check_lab01_1(functools.partial(_attn, mask_value=lambda dt: torch.finfo(dt).min, additive=additive))
 
 
 # ---------------------------------------------------------------- lab01_2 KV-size formula
@@ -146,6 +162,8 @@ SEQS_WRONG = {
     "negative": (lambda c, m, w, s, d: int((m - w) / _per_seq(c, s, d)), "return 0"),
     "kv_without_2": (lambda c, m, w, s, d: max(0, (m - w) // (_per_seq(c, s, d) // 2)), "multiply by 2"),
     "float_result": (lambda c, m, w, s, d: max(0, (m - w) / _per_seq(c, s, d)), "whole number"),
+    # a boundary mistake: counts sequences while (k + 1) * per < free, so an exact fit loses one
+    "exact_fit_excluded": (lambda c, m, w, s, d: max(0, (m - w - 1) // _per_seq(c, s, d)), "exactly fits"),
 }
 
 

@@ -413,7 +413,49 @@ class CopiesEveryWrite(MyBlockManager):
         return copies
 
 
+class NeededZeroForUnknown(MyBlockManager):
+    """A sequence it does not hold needs nothing (the statement: ceil(num_tokens / block_size))."""
+
+    def num_blocks_needed(self, seq_id, num_tokens):
+        if seq_id not in self.tables:
+            return 0
+        return MyBlockManager.num_blocks_needed(self, seq_id, num_tokens)
+
+
+class NeededFloorsForUnknown(MyBlockManager):
+    """Rounds down for a sequence it does not hold."""
+
+    def num_blocks_needed(self, seq_id, num_tokens):
+        if seq_id not in self.tables:
+            return num_tokens // self.block_size
+        return MyBlockManager.num_blocks_needed(self, seq_id, num_tokens)
+
+
+class NeededRaisesForUnknown(MyBlockManager):
+    """Looks the table up with self.table(), which raises KeyError for a sequence not admitted yet."""
+
+    def num_blocks_needed(self, seq_id, num_tokens):
+        table = self.table(seq_id, "num_blocks_needed")
+        new = max(0, self.cdiv(num_tokens) - len(table))
+        shared = [i for i in self.written_blocks(seq_id, num_tokens) if self.allocator.ref_count(table[i]) > 1]
+        return new + len(shared)
+
+
+class FreeRaisesForUnknown(MyBlockManager):
+    """free() of a sequence it does not hold raises KeyError (the statement: a no-op)."""
+
+    def free(self, seq_id):
+        table = self.tables.pop(seq_id)
+        del self.computed[seq_id]
+        for b in reversed(table):
+            self.allocator.free(b)
+
+
 MANAGER_WRONG = {
+    NeededZeroForUnknown: "a sequence the manager does not hold has no blocks yet",
+    NeededFloorsForUnknown: "expected ⌈9 / 4⌉ = 3",
+    NeededRaisesForUnknown: "raised KeyError for a seq_id never admitted",
+    FreeRaisesForUnknown: "raised KeyError",
     NoCopyOnWrite: "no copy-on-write",
     CowWithoutCopyPairs: "return [(",
     CowKeepsOldReference: "drop its reference",

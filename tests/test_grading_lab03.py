@@ -294,6 +294,12 @@ KERNEL_WRONG = {
     # the store is not masked: the padding rows of group 3 (padded to 4) land past the end of out
     "unmasked_store": ([("out.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])",
                          "out.to(out_ptr.dtype.element_ty))")], "elements outside out"),
+    # V loaded with K's strides: right while both caches share one layout
+    "v_with_k_strides": ([("phys * stride_vb + offs_t[:, None] * stride_vt + kv_head * stride_vh",
+                           "phys * stride_kb + offs_t[:, None] * stride_kt + kv_head * stride_kh")],
+                         "load V with V's strides"),
+    # the int32 block id times the block stride in int32: overflows once a block sits past 2**31 elements
+    "int32_block_offsets": ([(".to(tl.int64)", "")], "overflows int32"),
 }
 
 

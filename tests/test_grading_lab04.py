@@ -15,7 +15,7 @@ from grading_helpers import rejected
 CHECKERS = {1: check_lab04_1, 2: check_lab04_2, 3: check_lab04_3}
 METHOD = {1: "schedule_running", 2: "admit_waiting", 3: "preempt"}
 HAND_PICKED = ("CHUNKING", "DECODE_PLUS_CHUNK", "TINY_BUDGET", "PRESSURE", "PRESSURE_CHUNKED", "ONE_AT_A_TIME",
-               "HEAD_BLOCKS", "SHARED_PREFIX", "FORKED_PRESSURE", "FORKS_FILL_SEATS")
+               "HEAD_BLOCKS", "SHARED_PREFIX", "SHARED_PREFIX_TIGHT", "FORKED_PRESSURE", "FORKS_FILL_SEATS")
 
 
 def learner(name, **methods):
@@ -234,7 +234,7 @@ def test_lab04_1_lying_token_count_is_refused():
 # ---------------------------------------------------------------- lab04_2: admission
 
 def _admit(self, out, budget, *, check_blocks=True, max_seqs=True, overtake=False, chunk=True, prefix=True,
-           set_computed=True, cap=True, count_requests=False, allocate=True, join=True):
+           set_computed=True, cap=True, count_requests=False, allocate=True, join=True, blocks="to_admit"):
     bm = self.block_manager
     for seq in list(self.waiting):
         seats = len({s.request_id for s in self.running}) if count_requests else len(self.running)
@@ -244,7 +244,10 @@ def _admit(self, out, budget, *, check_blocks=True, max_seqs=True, overtake=Fals
         n = min(seq.num_tokens - cached, budget) if cap else seq.num_tokens - cached
         ok = chunk or n == seq.num_tokens - cached
         if ok and check_blocks:
-            ok = bm.blocks_to_admit(seq.token_ids, cached + n) <= bm.num_free_blocks
+            need = {"to_admit": lambda: bm.blocks_to_admit(seq.token_ids, cached + n),
+                    "chunk_only": lambda: bm.blocks_to_admit(seq.token_ids, n),               # forgets the offset
+                    "as_if_new": lambda: bm.num_blocks_needed(seq.seq_id, cached + n)}[blocks]()  # ignores hits
+            ok = need <= bm.num_free_blocks
         if not ok:
             if overtake:
                 continue
@@ -273,6 +276,9 @@ ADMIT_WRONG = {
     "never_joins_running": (dict(join=False), "not in self.running"),
     # only with n > 1: the samples of one request are several sequences, each taking a seat
     "counts_requests_not_sequences": (dict(count_requests=True), "count sequences, not requests"),
+    # only with a cached prefix in a tight pool (SHARED_PREFIX_TIGHT): the blocks a waiting prompt needs
+    "blocks_for_the_chunk_from_0": (dict(blocks="chunk_only"), "NoFreeBlocksError"),
+    "blocks_as_if_nothing_cached": (dict(blocks="as_if_new"), "admit it"),
 }
 
 
@@ -309,8 +315,11 @@ def test_lab04_2_correct_learner_code_passes():
 
 # ---------------------------------------------------------------- lab04_3: preemption by recompute
 
-def _preempt(self, seq, *, reset=True, free=True, head=True, remove=True, status=True, count=True, by_request=False):
-    if by_request:
+def _preempt(self, seq, *, reset=True, free=True, head=True, remove=True, status=True, count=True, by_request=False,
+             pop_newest=False):
+    if pop_newest:
+        self.running.pop()
+    elif by_request:
         self.running[:] = [s for s in self.running if s.request_id != seq.request_id]
     elif remove:
         self.running.remove(seq)
@@ -334,6 +343,8 @@ PREEMPT_WRONG = {
     "not_counted": (dict(count=False), "num_preemptions"),
     # only with n > 1: removing by request id takes the victim's sibling samples out of running too
     "removes_by_request_id": (dict(by_request=True), "not by request_id"),
+    # only when preempt is given a sequence other than the newest: the policy never does, the contract does
+    "pops_the_newest_whatever_seq": (dict(pop_newest=True), "whichever it is"),
 }
 
 

@@ -153,7 +153,7 @@ def test_lab05_2_rejects_minillm_and_the_reference():
 
 
 def _find(token_ids, block_size, cache, hash_fn, *, cap=True, tokens=True, parent=True, stop=True,
-          own_hash=None, as_list_slice=False):
+          own_hash=None, as_list_slice=False, parent_is=False):
     n = (len(token_ids) - 1) // block_size if cap else len(token_ids) // block_size
     out, ph, pb = [], None, None
     for i in range(n):
@@ -161,7 +161,8 @@ def _find(token_ids, block_size, cache, hash_fn, *, cap=True, tokens=True, paren
         key = blk if as_list_slice else tuple(blk)
         h = (own_hash or hash_fn)(ph, tuple(blk))
         e = cache.get(h)
-        if e is None or (tokens and e.tokens != key) or (parent and e.parent != pb):
+        if e is None or (tokens and e.tokens != key) or \
+                (parent and (e.parent is not pb if parent_is else e.parent != pb)):
             if stop:
                 break
             ph = h
@@ -177,6 +178,8 @@ LOOKUP_WRONG = {
     "no_parent_check": (functools.partial(_find, parent=False), "compare the cached block's parent"),
     "continues_after_miss": (functools.partial(_find, stop=False, parent=False), "stop at the first miss"),
     "own_hash": (functools.partial(_find, own_hash=hash_correct_sha), "hash_fn argument"),
+    # block ids above 256 are distinct int objects when equal: `is` works on small ids only
+    "parent_compared_with_is": (functools.partial(_find, parent_is=True), "expected"),
     "list_vs_tuple": (functools.partial(_find, as_list_slice=True), "tuples"),
     "returns_hashes": (lambda t, b, c, f: [f(None, tuple(t[:b]))] if len(t) > b and f(None, tuple(t[:b])) in c
                        else [], "Smallest failing example"),
@@ -358,7 +361,34 @@ class StackLIFO:
         return iter(list(self.s))
 
 
+class IdentityListLRU(StackLIFO):
+    """A list in LRU order whose membership and removal compare block ids with `is` (true only for small ints)."""
+
+    def add(self, b):
+        self.s = [x for x in self.s if x is not b]
+        self.s.append(b)
+
+    def remove(self, b):
+        self.s = [x for x in self.s if x is not b]
+
+    def pop_lru(self):
+        return self.s.pop(0)
+
+
+def _bounded(capacity):
+    """An LRU that silently drops its oldest block past a fixed capacity (a cache idiom, wrong for an evictor)."""
+    def add(self, b):
+        DictLRU.add(self, b)
+        if len(self.d) > capacity:
+            del self.d[next(iter(self.d))]
+    return type(f"BoundedLRU{capacity}", (DictLRU,), {"add": add})
+
+
 EVICTOR_WRONG = {
+    "identity_compare": (IdentityListLRU, "expected"),
+    "bounded_256": (_bounded(256), "no fixed capacity"),
+    "bounded_1024": (_bounded(1024), "no fixed capacity"),
+    "bounded_4096": (_bounded(4096), "no fixed capacity"),
     "mru": (MRUEvictor, "MOST recently added"),
     "no_refresh_on_readd": (NoRefreshOnReadd, "LAST add, not first"),
     "fifo_by_first_insertion": (FirstInsertionFIFO, "LAST add, not first"),

@@ -88,6 +88,13 @@ _ATTN_MISTAKES = [
     ("use the `scale` argument; don't hard-code 1/sqrt(head_dim)", dict(scale=lambda D: D ** -0.5)),
     ("multiply the scores q·k by `scale` before the softmax", dict(scale=lambda D: 1.0)),
 ]
+# q and k of this size give scores of about ±1e10 (well apart, so float32 rounding cannot reorder them): a masked key
+# must get no weight even when every key the query may see scores below -1e9, and when a key it may not see scores
+# +1e10 (an additive mask of -1e9 leaves it on top)
+_HUGE = 1e5
+_HUGE_WHY = ("the scores here are about ±1e10: a key a query may not see must get no weight at all, whatever the "
+             "scores — a finite 'very negative' constant (-1e9, -1e4, -65504 set or added) is not below every real "
+             "score; give masked scores -inf (masked_fill with float('-inf')) or the dtype's lowest value")
 # fixed probes on which the mistakes above all differ: a GQA suffix chunk, a full MQA prefill, a decode step
 _ATTN_PROBE_SHAPES = [(3, 7, 2, 3, 4, 11), (5, 5, 1, 4, 8, 12), (1, 6, 3, 2, 4, 13)]
 
@@ -114,7 +121,7 @@ def _diagnose_attend(attend: Callable[..., Any], q: torch.Tensor, k: torch.Tenso
 def verify_lab01_1(attend: Callable[..., Any]) -> None:
     @given(L=st.integers(1, 24), n_frac=st.floats(0.0, 1.0), kv_heads=st.integers(1, 4), group=st.integers(1, 4),
            head_dim=st.sampled_from([1, 2, 4, 8, 16]), scale=st.floats(0.05, 2.0),
-           magnitude=st.sampled_from([1.0, 0.1, 30.0]), seed=st.integers(0, 2**16),
+           magnitude=st.sampled_from([1.0, 0.1, 30.0, _HUGE]), seed=st.integers(0, 2**16),
            dtype=st.sampled_from([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.float16]),
            negative=st.booleans())
     @example(L=1, n_frac=1.0, kv_heads=1, group=1, head_dim=4, scale=0.5, magnitude=1.0, seed=0,       # one token
@@ -131,11 +138,15 @@ def verify_lab01_1(attend: Callable[..., Any]) -> None:
              dtype=torch.float32, negative=True)                                                        # ~ -1600
     @example(L=6, n_frac=0.5, kv_heads=2, group=2, head_dim=8, scale=0.5, magnitude=1.0, seed=6,       # bfloat16
              dtype=torch.bfloat16, negative=False)
+    @example(L=6, n_frac=1.0, kv_heads=2, group=2, head_dim=8, scale=0.5, magnitude=_HUGE, seed=10,    # scores
+             dtype=torch.float32, negative=False)                                                       # ~ ±1e10
     def prop(L: int, n_frac: float, kv_heads: int, group: int, head_dim: int, scale: float, magnitude: float, seed: int,
              dtype: torch.dtype, negative: bool) -> None:
         n = max(1, round(n_frac * L))
         if dtype in (torch.bfloat16, torch.float16):   # ~3 digits: large scores would not be comparable
             magnitude, negative = min(magnitude, 1.0), False
+        huge = magnitude >= _HUGE
+        negative = negative and not huge   # scores ~ -1e10 with a small spread: float32 rounding would decide
         q, k, v = _make_inputs(n, L, kv_heads, group, head_dim, seed, magnitude, dtype, negative)
         q0, k0, v0 = q.clone(), k.clone(), v.clone()
         shapes = f"q {tuple(q.shape)} {str(dtype).removeprefix('torch.')}, k/v {tuple(k.shape)}"
@@ -160,10 +171,12 @@ def verify_lab01_1(attend: Callable[..., Any]) -> None:
             return
         i, rest = divmod(int(err.argmax()), out.shape[1] * out.shape[2])
         why = _diagnose_attend(attend, q0, k0, v0, scale, max(tol, 1e-4))
+        if why is None and huge:
+            why = _HUGE_WHY
         if why is None and big:
             why = ("the scores here are far from 0: exp() of them overflows or underflows unless you subtract "
                    "each row's maximum score first")
-        fail(f"wrong output for {shapes}, scale={scale:g}: max error {float(err.max()):.3g} at query {i} "
+        fail(f"wrong output for {shapes}, scale={scale:g}{', scores up to about ±1e10' if huge else ''}: max error {float(err.max()):.3g} at query {i} "
              f"(position {L - n + i} of {L}), head {rest // out.shape[2]}" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=80, hint=Hint(
@@ -267,6 +280,8 @@ _SEQS_MISTAKES = [
      lambda c, m, w, s, d: max(0, round((m - w) / _per_seq(c, s, d)))),
     ("the weights take their share first: divide only what is left after weight_bytes",
      lambda c, m, w, s, d: m // _per_seq(c, s, d)),
+    ("a sequence that exactly fits, fits: free memory of exactly k sequences' caches holds k of them (<=, not <)",
+     lambda c, m, w, s, d: max(0, (m - w - 1) // _per_seq(c, s, d))),
 ] + [("the per-sequence KV size is off: " + why,
       (lambda wrong: lambda c, m, w, s, d: max(0, int((m - w) // wrong(c, 1, s, d))))(wrong))
      for why, wrong in _KV_MISTAKES if "batch_size" not in why]

@@ -373,6 +373,72 @@ def _pieces_of(cls):
     return type(cls.__name__, (cls,), {**swap, "__module__": cls.__module__}), " (" + "; ".join(notes) + ")"
 
 
+_UNKNOWN_HINT = ("for an unknown seq_id (not admitted yet, or freed) num_blocks_needed is ⌈num_tokens / block_size⌉ "
+                 "(self.cdiv): the scheduler asks it before a sequence has a table — don't return 0, and don't raise.")
+
+
+def _unknown_seqs(cls: type, note: str) -> None:
+    """The statement's contract for a seq_id the manager does not hold (never admitted, or freed): num_blocks_needed
+    is ceil(num_tokens / block_size) (what admitting it would take), free is a no-op. The operation driver only
+    touches sequences it holds, so this is checked on its own."""
+    __tracebackhide__ = True
+    calls: list[str] = []
+
+    def bad(msg: str, hint: str) -> None:
+        fail(msg + note, hint, example="a BlockManager(300 blocks, block_size 4), then: " + "; ".join(calls))
+
+    def needed(bm: Any, sid: int, n: int, why: str) -> None:
+        try:
+            got = bm.num_blocks_needed(sid, n)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # noqa: BLE001 — the statement gives an answer for an unknown seq_id
+            calls.append(f"num_blocks_needed({sid}, {n}) -> {type(e).__name__}")
+            bad(f"num_blocks_needed({sid}, {n}) raised {type(e).__name__} for {why}: the statement gives the answer "
+                f"for a seq_id the manager does not hold — ⌈num_tokens / block_size⌉", _UNKNOWN_HINT)
+        calls.append(f"num_blocks_needed({sid}, {n}) -> {got!r}")
+        got = as_int(got, f"num_blocks_needed({sid}, {n})")
+        want = -(-n // bm.block_size)
+        if got != want:
+            bad(f"num_blocks_needed({sid}, {n}) = {got} for {why}, expected ⌈{n} / {bm.block_size}⌉ = {want}: a "
+                "sequence the manager does not hold has no blocks yet, so it needs one block per block_size tokens",
+                _UNKNOWN_HINT)
+
+    bm = cls(300, 4, enable_prefix_caching=False)
+    needed(bm, 777, 9, "a seq_id never admitted")
+    needed(bm, 5, 1, "a seq_id never admitted")
+    needed(bm, 300, 1000, "a seq_id never admitted")
+    calls.append("allocate_prompt(0, [1, 2, 3, 4, 5])")
+    bm.allocate_prompt(0, [1, 2, 3, 4, 5])
+    calls.append("append_slots(0, 5)")
+    bm.append_slots(0, 5)
+    needed(bm, 1, 6, "a seq_id never admitted (while seq 0 holds 2 blocks)")
+    for what in ("a seq_id never admitted",):
+        before = as_int(bm.num_free_blocks, "num_free_blocks")
+        calls.append("free(42)")
+        try:
+            bm.free(42)
+        except Exception as e:  # noqa: BLE001 — the statement says no-op
+            bad(f"free(42) of {what} raised {type(e).__name__}: {e}",
+                "free of an unknown (or already freed) seq_id is a no-op: return without changing anything.")
+        if bm.num_free_blocks != before or not bm.has_seq(0) or len(bm.block_table(0)) != 2:
+            bad(f"free(42) of {what} changed the manager (num_free_blocks {before} -> {bm.num_free_blocks}, seq 0's "
+                f"table {bm.block_table(0) if bm.has_seq(0) else 'gone'})",
+                "free of an unknown (or already freed) seq_id is a no-op: return without changing anything.")
+    calls.append("free(0)")
+    bm.free(0)
+    needed(bm, 0, 9, "a seq_id just freed")
+    calls.append("free(0)")
+    try:
+        bm.free(0)
+    except Exception as e:  # noqa: BLE001
+        bad(f"free(0) of a seq_id already freed raised {type(e).__name__}: {e}",
+            "free of an unknown (or already freed) seq_id is a no-op: return without changing anything.")
+    if bm.num_free_blocks != 300:
+        bad(f"free(0) of a seq_id already freed changed num_free_blocks to {bm.num_free_blocks} (all 300 were "
+            "free): it must do nothing", "free of an unknown (or already freed) seq_id is a no-op.")
+
+
 def verify_lab02_3(block_manager_cls: type) -> None:
     cls, note = _pieces_of(block_manager_cls)
 
@@ -411,6 +477,7 @@ def verify_lab02_3(block_manager_cls: type) -> None:
         "num_tokens) fall in by a fresh block, free your reference to the old one and return (old, new); then "
         "append blocks until the table covers num_tokens. fork: copy the table and share each block. free: one "
         "allocator.free per table entry."))
+    _unknown_seqs(cls, note)
 
 
 # --------------------------------------------------------------------------- the tasks

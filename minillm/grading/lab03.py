@@ -356,11 +356,24 @@ def _very_negative(c: PagedCase, level: float = 1e4) -> PagedCase:
     return c
 
 
+def _restride_v(c: PagedCase) -> PagedCase:
+    """The same V values in a layout of their own: head-major blocks with padded rows ([num_blocks, KVH, block_size,
+    D + 3] storage seen as [num_blocks, block_size, KVH, D], the padding NaN), so stride_vb, stride_vt and stride_vh
+    all differ from K's. A kernel that loads V with K's strides reads the wrong (or poisoned) elements."""
+    nb, bs, kvh, d = c.v_cache.shape
+    buf = torch.full((nb, kvh, bs, d + 3), float("nan"), dtype=c.v_cache.dtype)
+    view = buf.permute(0, 2, 1, 3)[..., :d]
+    view.copy_(c.v_cache)
+    c.v_cache = view
+    return c
+
+
 def _make_case(case: dict) -> PagedCase:
     H, KVH = case["heads"]
     c = make_paged_case(case["seq_lens"], H, KVH, case["head_dim"], case["block_size"], case["seed"],
                         layout=case["layout"], share_prefix=case["share_prefix"], magnitude=case["magnitude"],
                         dtype=case["dtype"])
+    c = _restride_v(c) if case.get("v_own_strides") else c
     return _very_negative(c) if case["low"] else c
 
 
@@ -440,14 +453,16 @@ def _kernel_cases(draw: st.DrawFn) -> dict[str, Any]:
                 layout=draw(st.sampled_from(["engine", "blocks"])), share_prefix=draw(st.booleans()),
                 magnitude=draw(st.sampled_from([1.0, 1.0, 2.0, 20.0])),
                 dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])),
-                low=draw(st.sampled_from([False, False, False, True])), seed=draw(st.integers(0, 2**16)))
+                low=draw(st.sampled_from([False, False, False, True])), seed=draw(st.integers(0, 2**16)),
+                v_own_strides=draw(st.sampled_from([False, False, True])))
 
 
 def _kcase(seq_lens: list[int], heads: tuple[int, int], head_dim: int, block_size: int, layout: str,
            share_prefix: bool = False, magnitude: float = 1.0, dtype: torch.dtype = torch.float32, low: bool = False,
-           seed: int = 0) -> dict[str, Any]:
+           seed: int = 0, v_own_strides: bool = False) -> dict[str, Any]:
     return dict(seq_lens=seq_lens, heads=heads, head_dim=head_dim, block_size=block_size, layout=layout,
-                share_prefix=share_prefix, magnitude=magnitude, dtype=dtype, low=low, seed=seed)
+                share_prefix=share_prefix, magnitude=magnitude, dtype=dtype, low=low, seed=seed,
+                v_own_strides=v_own_strides)
 
 
 _STORE_MASK = ("mask the store with the program's real heads and lanes: mask=(offs_g < GROUP)[:, None] & "
@@ -478,6 +493,7 @@ def _kernel_property(kernel: Any, progress: str | None = None) -> Callable[..., 
     @example(case=_kcase([11, 5], (4, 2), 8, 4, "engine", magnitude=20.0, seed=3))  # large scores stay finite
     @example(case=_kcase([6, 10], (6, 2), 8, 4, "engine", dtype=torch.float16, seed=5))  # out in q's dtype
     @example(case=_kcase([5, 12], (2, 1), 4, 8, "blocks", dtype=torch.bfloat16, seed=6))
+    @example(case=_kcase([6, 9], (4, 2), 8, 4, "engine", seed=7, v_own_strides=True))  # V laid out unlike K
     def prop(case: dict[str, Any]) -> None:
         c = _make_case(case)
         S, H, D = c.q.shape
@@ -485,6 +501,9 @@ def _kernel_property(kernel: Any, progress: str | None = None) -> Callable[..., 
         got, before, after = _run_kernel(kernel, c, progress)
         want = dense_decode_ref(*inputs, c.scale)
         where = f"{_describe_case(c)}, H={H}, KVH={c.k_cache.shape[2]}, D={D}"
+        if case.get("v_own_strides"):
+            where += (f", V cache strides {tuple(c.v_cache.stride()[:3])} unlike K's "
+                      f"{tuple(c.k_cache.stride()[:3])}")
         check(before + after == 0,
               f"your kernel wrote {before + after} elements outside out ({before} before its start, {after} past its "
               f"end) on {where}: {_STORE_MASK}, at the addresses of this program's heads kv_head * GROUP + offs_g "
@@ -496,6 +515,15 @@ def _kernel_property(kernel: Any, progress: str | None = None) -> Callable[..., 
         err = (got - want).abs().nan_to_num(float("inf"))
         s, h = divmod(int(err.flatten(0, 1).amax(-1).argmax()), H)
         why = _diagnose_kernel(kernel, c)
+        if why is None and case.get("v_own_strides"):
+            try:
+                same = _make_case(dict(case, v_own_strides=False))
+                right = torch.allclose(_run_kernel(kernel, same)[0], want, rtol=tol, atol=tol)
+            except Exception:  # noqa: BLE001
+                right = False
+            if right:
+                why = ("V has strides of its own (stride_vb, stride_vt, stride_vh): here the V cache is laid out "
+                       "unlike K, and your kernel is right when they match — load V with V's strides")
         if why is None and torch.isnan(got).any():
             why = ("your output holds NaN: either a (sequence, head) row was never stored (store all GROUP heads of "
                    "the program, mask only the GROUP_PAD padding rows) or the kernel read a slot it must not: every "
@@ -506,6 +534,61 @@ def _kernel_property(kernel: Any, progress: str | None = None) -> Callable[..., 
              + (f" — {why}" if why else ""))
 
     return prop
+
+
+_BIG_POOL = "a big pool of 2**25 + 8 blocks (block_size 4, K and V interleaved, float16, block ids above 33 million)"
+_INT64_WHY = ("the offset phys * stride_kb of a block in a big pool is past 2**31 elements (4 GiB of float16: a real "
+              "GPU's pool is bigger) and overflows int32 — compute block offsets in int64: "
+              "phys = tl.load(block_tables_ptr + ...).to(tl.int64)")
+
+
+_INT64_HINT = Hint("block offsets must not overflow: which product in your K/V addresses can exceed 2**31 elements "
+                   "in a big pool?",
+                   "the block id loaded from the table is int32, and so is the product with the block stride — widen "
+                   "the id before multiplying.",
+                   "phys = tl.load(block_tables_ptr + seq * stride_bt + b).to(tl.int64)")
+
+
+def _big_pool_check(kernel: Any, progress: str | None = None) -> None:
+    """A decode on a pool whose used blocks lie past 2**31 elements. The buffer is 4 GiB of address space but only
+    the pages of the blocks written are ever touched (torch.empty does not, nor does the interpreter): cheap. Where
+    the operating system refuses that much address space the check is skipped (a limit of the machine, not a fault
+    of the kernel)."""
+    __tracebackhide__ = True
+    bs, kvh, heads, d, extra = 4, 1, 2, 8, 8
+    nb = 2**25 + extra
+    try:
+        buf = torch.empty((nb, 2, bs, kvh, d), dtype=torch.float16)
+    except (RuntimeError, MemoryError):
+        return
+    if progress:
+        with open(progress, "w") as f:
+            f.write(_BIG_POOL)
+    kc, vc = buf[:, 0], buf[:, 1]                       # stride_kb = stride_vb = 64: block 2**25 is at 2**31
+    g = torch.Generator().manual_seed(31)
+    seq_lens = torch.tensor([7, 5, 3], dtype=torch.int32)
+    tables = torch.tensor([[nb - 1, nb - 4], [nb - 2, 3], [nb - 7, 0]], dtype=torch.int32)
+    dense_k, dense_v = [], []
+    for s_, n in enumerate(seq_lens.tolist()):
+        k = torch.randn(n, kvh, d, generator=g).half()
+        v = torch.randn(n, kvh, d, generator=g).half()
+        for p in range(n):
+            kc[int(tables[s_, p // bs]), p % bs] = k[p]
+            vc[int(tables[s_, p // bs]), p % bs] = v[p]
+        dense_k.append(k)
+        dense_v.append(v)
+    q = torch.randn(3, heads, d, generator=g).half()
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16)
+    try:
+        launch_paged_attention(kernel, q, kc, vc, tables.clone(), seq_lens.clone(), 0.35, out=out)
+    except Exception as exc:  # noqa: BLE001
+        _explain_kernel_error(exc)
+    want = dense_decode_ref(q, dense_k, dense_v, 0.35)
+    if not torch.allclose(out.double(), want, rtol=5e-3, atol=5e-3):
+        err = (out.double() - want).abs().nan_to_num(float("inf"))
+        fail(f"on {_BIG_POOL} (seq_lens=[7, 5, 3], block_tables={tables.tolist()}, H=2, KVH=1, D=8): the output is "
+             f"wrong ({'it holds NaN' if out.isnan().any() else f'max abs error {err.max().item():.3g}'}) — "
+             + _INT64_WHY, _INT64_HINT)
 
 
 def _kernel_form(kernel: Any) -> Any:
@@ -553,6 +636,7 @@ def run_kernel_check(src_path: str, name: str, result_path: str, progress_path: 
             try:
                 run_property(_kernel_property(kernel, progress_path), max_examples=10, hint=_KERNEL_HINT,
                              example=False)       # the message describes the case (the kernel's args are pointers)
+                _big_pool_check(kernel, progress_path)
             except GradingError as e:
                 verdict = _verdict_json(e)
             except BaseException:             # the Watch stops the check at the first call of minillm's code
@@ -606,6 +690,9 @@ def _child_verdict(proc: subprocess.Popen, tmp: str) -> GradingError | None:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = "unknown signal"
+        if _BIG_POOL in case:
+            return GradingError(f"your kernel crashed the Triton interpreter (signal {-proc.returncode}, {name}) "
+                                f"on {_BIG_POOL}: {_INT64_WHY}", None, _INT64_HINT)
         return GradingError(
             f"your kernel crashed the Triton interpreter (signal {-proc.returncode}, {name}){case}: it reads or "
             "writes memory outside the tensors — mask every load and store.", None,

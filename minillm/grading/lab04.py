@@ -178,6 +178,14 @@ SHARED_PREFIX = make_case([(_toks(50, 16) + _toks(51 + i, 5), 4) for i in range(
 # the pool: forked children are preempted, recompute and must still equal the request generated alone
 FORKED_PRESSURE = make_case([(_toks(60, 10), 14, 3), (_toks(61, 7), 10)], block_size=4, num_blocks=9, budget=32,
                             max_num_seqs=4, arrivals=[0, 1])
+# the shared prefix in a pool with room for little more: a waiting prompt's blocks are blocks_to_admit(tokens, cached +
+# n) (its cached prefix costs nothing unless evictable, and the chunk ends at cached + n, not n)
+SHARED_PREFIX_TIGHT = make_case([(_toks(50, 16) + _toks(51 + i, 5), 4) for i in range(3)], block_size=4, num_blocks=9,
+                                budget=16, max_num_seqs=3, prefix_caching=True, arrivals=[0, 2, 2])
+# preempt(seq) called on the OLDEST of three running sequences (the policy only ever picks the newest: a preempt that
+# ignores its argument would pass the engine's runs)
+MID_PREEMPT = make_case([(_toks(80 + i, 6), 5) for i in range(3)], block_size=4, num_blocks=40, budget=64,
+                        max_num_seqs=4)
 # max_num_seqs counts sequences: the 3 samples of '0' fill every seat, '1' waits although it is one request
 FORKS_FILL_SEATS = make_case([(_toks(70, 6), 8, 3), (_toks(71, 5), 4)], block_size=2, num_blocks=60, budget=32,
                              max_num_seqs=3, arrivals=[0, 2])
@@ -534,7 +542,8 @@ SUITES = {   # task -> (hand-picked cases, hint, max_examples, pressure only)
         "bm.num_blocks_needed(seq.seq_id, seq.num_computed_tokens + n) > bm.num_free_blocks: preempt "
         "self.running[-1] (add it to out.preempted; return if it was seq); then out.block_copies += "
         "bm.append_slots(...), out.scheduled.append((seq, n)), budget -= n."), 20, False),
-    2: ((CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, DECODE_PLUS_CHUNK, FORKS_FILL_SEATS), Hint(
+    2: ((CHUNKING, ONE_AT_A_TIME, HEAD_BLOCKS, SHARED_PREFIX, SHARED_PREFIX_TIGHT, DECODE_PLUS_CHUNK,
+         FORKS_FILL_SEATS), Hint(
         "admit_waiting takes sequences from the HEAD of the waiting queue, in order (no overtaking), while the "
         "budget, max_num_seqs and the free blocks allow; a prompt's first chunk may be partial.",
         "a waiting prompt starts after its cached prefix (bm.peek_prefix); stop at the first sequence whose blocks "
@@ -586,11 +595,47 @@ def verify_lab04_2(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
 
 def verify_lab04_3(cls, *, time_limit: float = TIME_LIMIT_S) -> None:
     _verify(3, cls, time_limit)
+    probe = _probe(cls if isinstance(cls, type) else type(cls), 3)
+    with _guarded(time_limit):
+        _preempt_the_oldest(probe)
+
+
+def _preempt_the_oldest(probe: type) -> None:
+    """preempt(seq) on a sequence that is not the newest: the engine's policy never does that, but the contract is
+    `seq`, whichever it is. Then the requests run to the end and must still be right."""
+    __tracebackhide__ = True
+    case = MID_PREEMPT
+    engine = LLMEngine.from_model(tiny_model(), None, block_size=case.block_size, num_blocks=case.num_blocks,
+                                  max_num_seqs=case.max_num_seqs, max_num_batched_tokens=case.budget,
+                                  enable_prefix_caching=False, attention_backend="torch")
+    sched = probe(engine.scheduler.config, engine.block_manager)
+    engine.plug(scheduler=sched)
+    for i, (p, m) in enumerate(zip(case.prompts, case.max_tokens)):
+        engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=m, ignore_eos=True), request_id=str(i))
+    done: dict = {}
+    for _ in range(2):                                  # the prompts, then one decode step: all three run
+        engine.step()
+    oldest = sched.running[0]
+    calls = (f"{len(case.prompts)} requests of 6 tokens, 2 engine steps (all running: "
+             f"{_labels(sched.running)}), then preempt({_label(oldest)}) — the oldest")
+    try:
+        sched.preempt(oldest)
+    except GradingError as e:
+        fail(f"{e.message} (preempt called on the oldest of 3 running sequences: it must act on the sequence it "
+             "is given, whichever it is)", SUITES[3][1], example=calls)
+    except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
+        fail(f"preempt({_label(oldest)}) of the oldest running sequence raised {type(e).__name__}: {e}{_where(e)}",
+             SUITES[3][1], example=calls)
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = [c.token_ids for c in o.outputs]
+    _check_end(engine, engine.block_manager, case, done)
 
 
 def _task(k: int, verify: Callable[..., None]) -> Task:
     name = METHODS[k - 1]
-    return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,),
+    return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,), instances="grader",
                 engine=minillm_objects(f"minillm.engine.scheduler:Scheduler.{name}"), oracles=lambda: [fcfs_step])
 
 

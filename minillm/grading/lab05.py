@@ -299,10 +299,17 @@ _HASHES = {"strong": reference_hash, "ignores the parent": _parentless, "sum(tok
            "constant": _constant}
 
 
+def _fresh(x: int) -> int:
+    """An int equal to x but not the same object (above 256 CPython does not share ints): code that compares block
+    ids or hashes with `is` instead of `==` shows."""
+    return int(str(x))
+
+
 def build_cache(prompts: Sequence[Sequence[int]], block_size: int, hash_fn: Callable[..., int],
                 evict: Sequence[int] = ()) -> dict[int, CachedBlock]:
     """Register `prompts`' full blocks as BlockManager.commit_computed does (a verified entry is reused; on a hash
-    collision the first entry stays, the new block is not cached), then drop the entries indexed in `evict`."""
+    collision the first entry stays, the new block is not cached), then drop the entries indexed in `evict`.
+    Block ids start at 1000 and every entry's parent is an equal but distinct int object (`is` is not `==`)."""
     cache, next_id = {}, 0
     for p in prompts:
         parent_hash, parent = None, None
@@ -313,9 +320,9 @@ def build_cache(prompts: Sequence[Sequence[int]], block_size: int, hash_fn: Call
             if e is not None and e.tokens == tokens and e.parent == parent:
                 b = e.block_id
             else:
-                b, next_id = 100 + next_id, next_id + 1
+                b, next_id = 1000 + next_id, next_id + 1
                 if e is None:
-                    cache[h] = CachedBlock(b, parent, tokens)
+                    cache[h] = CachedBlock(_fresh(b), None if parent is None else _fresh(parent), tokens)
             parent_hash, parent = h, b
     for k in sorted({int(k) % max(1, len(cache)) for k in evict}, reverse=True):
         if cache:
@@ -477,12 +484,12 @@ def _run_ops(cls, ops: list[tuple[str, int]]) -> None:
         if op == "readd":
             op, b = "add", model.order()[b % len(model.stamp)]
         if op == "add":
-            ev.add(b)
+            ev.add(_fresh(b))
             model.add(b)
             log.append(f"add({b})")
         elif op == "remove":
             b = model.order()[b % len(model.stamp)]
-            ev.remove(b)
+            ev.remove(_fresh(b))
             model.remove(b)
             log.append(f"remove({b})")
         elif op == "pop":
@@ -505,6 +512,57 @@ def _run_ops(cls, ops: list[tuple[str, int]]) -> None:
             if not why and order == model.order()[::-1] and len(order) > 1:
                 why = " — iterate in eviction order: the next victim (least recently added) first"
             fail(f"iterating gives {order}, expected {model.order()} (eviction order: next victim first) {state()}{why}")
+
+
+_MANY = 5000     # blocks in the evictor at once: a pool holds tens of thousands; a capped container shows
+
+
+def _many_blocks(cls) -> None:
+    """Thousands of evictable blocks at once (every block of a big pool can be cached and unreferenced): the
+    evictor must keep all of them, in LRU order."""
+    __tracebackhide__ = True
+    ev, model = cls(), _LRUModel()
+    ids = [300 + (k * 7919) % _MANY for k in range(_MANY)]          # a permutation: not in id order
+    for b in ids:
+        ev.add(_fresh(b))
+        model.add(b)
+    n = as_int(len(ev), "len(evictor)")
+    if n != _MANY:
+        fail(f"after {_MANY} add() of distinct block ids: len() is {n}, expected {_MANY} — the evictor must keep "
+             "every block added (no fixed capacity): a block it drops is neither free nor findable again, so it "
+             "leaks", "the evictor holds every block it is given, however many: a pool has tens of thousands of "
+             "blocks and any of them can be cached and unreferenced at once.",
+             example=f"{_MANY} add() of distinct block ids 300..{300 + _MANY - 1}, then len()")
+    for b in ids[:3]:                                               # re-adds: the oldest become the newest
+        ev.add(_fresh(b))
+        model.add(b)
+    for b in ids[5:7]:
+        ev.remove(_fresh(b))
+        model.remove(b)
+    steps = (f"{_MANY} add() of distinct block ids 300..{300 + _MANY - 1}, then add() again of the first 3 and "
+             "remove() of the 6th and 7th")
+    n = as_int(len(ev), "len(evictor)")
+    hint = ("the evictor holds every block it is given, however many: a pool has tens of thousands of blocks and "
+            "any of them can be cached and unreferenced at once.")
+    if n != len(model.stamp):
+        fail(f"after {steps}: len() is {n}, expected {len(model.stamp)} — the evictor must keep every block added "
+             "(no fixed capacity): a block it drops is neither free nor findable again, so it leaks", hint,
+             example=steps)
+    order = as_ints(list(iter(ev)), "the blocks iter() yields")
+    if order != model.order():
+        first = next((i for i, (a, b) in enumerate(zip(order, model.order())) if a != b), min(len(order), n))
+        fail(f"after {steps}: iterating gives {order[first:first + 5]}… from position {first}, expected "
+             f"{model.order()[first:first + 5]}… (eviction order: next victim first)", hint, example=steps)
+    for k in range(10):
+        got, want = as_int(ev.pop_lru(), "pop_lru()'s block"), model.pop_lru()
+        if got != want:
+            fail(f"after {steps}: pop_lru() number {k + 1} returned {got}, expected {want} (the least recently "
+                 "added)", hint, example=steps)
+    got = ev.clear()
+    want = model.clear()
+    if got is None or sorted(as_ints(got, "clear()'s result")) != sorted(want):
+        fail(f"after {steps} and 10 pop_lru(): clear() did not return the {len(want)} blocks still evictable",
+             hint, example=steps)
 
 
 def _evictor_why(cls) -> str:
@@ -577,6 +635,7 @@ def verify_lab05_3(evictor_cls: type) -> None:
         "from the next victim on; remove and clear drop blocks.",
         "keep the blocks in an OrderedDict (or a plain dict, which keeps insertion order): add = pop the block if "
         "present, then insert it at the end; pop_lru = take the first; iterate in that order."))
+    _many_blocks(evictor_cls)
     try:
         _block_manager_scenario(evictor_cls)
     except (GradingError, NotImplementedError):

@@ -86,10 +86,12 @@ plt.show()
 # attention:** with `KVH` kv heads for `H` query heads (`H` a multiple of `KVH`), query head `h` uses kv head
 # `h // (H // KVH)` — consecutive query heads share one kv head. That one rule covers multi-head (KVH = H),
 # grouped-query (1 < KVH < H) and multi-query attention (KVH = 1). The scores of a real model can be large:
-# keep the softmax finite. Don't modify `k` or `v` (in the engine they are the cache).
+# keep the softmax finite. A key a query may not see gets no weight at all, whatever the scores: mask it with
+# `-inf` (setting or adding `torch.finfo(dtype).min` is fine too) — a finite constant such as -1e9 is not below
+# every real score. Don't modify `k` or `v` (in the engine they are the cache).
 #
 # Use plain torch ops (`einsum`, `softmax`, masks...). The checker compares your function with a float64
-# dense reference on random shapes, including huge logits, a single token, and MQA.
+# dense reference on random shapes, including huge logits (scores up to about ±1e10), a single token, and MQA.
 
 # %% nbgrader="answer"
 def attend(q, k, v, scale):

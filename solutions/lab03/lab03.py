@@ -306,9 +306,10 @@ plt.show()
 #
 # **The check** launches your kernel in the interpreter on ~17 tiny paged caches (1–3 sequences of up to 4
 # blocks of 4 or 8 tokens, GQA groups 1–3, head dims 4–16 and 12, the engine's strided cache layout and a
-# contiguous one, shuffled and shared blocks, float32, float16 and bfloat16, rows whose scores are all about
-# `-1e4`, every unused slot NaN, guard zones around `out` that show a store outside it) and compares it with
-# float64 dense attention. It runs your kernel in a separate Python process, from its source: an unmasked load
+# contiguous one, a V cache laid out unlike K (its own strides), shuffled and shared blocks, float32, float16
+# and bfloat16, rows whose scores are all about `-1e4`, every unused slot NaN, guard zones around `out` that
+# show a store outside it), then on a big pool whose blocks sit past 2**31 elements (only its few used blocks
+# are touched), and compares it with float64 dense attention. It runs your kernel in a separate Python process, from its source: an unmasked load
 # or store far out of bounds can crash the interpreter, and then only that process dies and you get a verdict.
 # Meanwhile it compiles the kernel ahead of time for an NVIDIA A100 (sm80, fp16, SmolLM2's shapes). About ten
 # seconds.

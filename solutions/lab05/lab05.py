@@ -259,7 +259,9 @@ from minillm.grading.lab05 import check_lab05_2; check_lab05_2(find_cached_prefi
 # | `len(ev)`, `iter(ev)` | how many; the blocks in eviction order, next victim first |
 #
 # All of them should be O(1) (iteration aside): `collections.OrderedDict` (or a plain `dict`, which keeps
-# insertion order) does it. The checker runs random operation sequences against a model of LRU, then puts
+# insertion order) does it. The evictor holds every block it is given, however many (no fixed capacity: any
+# of a big pool's blocks can be evictable at once), and block ids are compared by value (`==`, as a dict does;
+# never `is`). The checker runs random operation sequences against a model of LRU, then puts
 # your class inside a real `BlockManager` (its `evictor_cls`) and checks which prompts still hit after
 # evictions.
 
