@@ -148,7 +148,9 @@ def _allocator_run(cls, num_blocks: int, ops: Sequence[tuple[Any, ...]]) -> None
     def compare(after: str) -> None:
         free = as_int(a.num_free_blocks, "num_free_blocks")
         want = model.count(0)
-        refs = {b: as_int(a.ref_count(b), f"ref_count({b})") for b in range(num_blocks)}
+        many = getattr(a.ref_count, "map_calls", None)      # an allocator in a grading sandbox: one request for all
+        counts = many(range(num_blocks)) if many is not None else [a.ref_count(b) for b in range(num_blocks)]
+        refs = {b: as_int(c, f"ref_count({b})") for b, c in enumerate(counts)}
         for b in range(num_blocks):
             if refs[b] != model[b]:
                 bad(f"after {after}: ref_count({b}) = {refs[b]}, expected {model[b]}")

@@ -593,6 +593,8 @@ def _big_pool_check(kernel: Any, progress: str | None = None) -> None:
 
 def _kernel_form(kernel: Any) -> Any:
     __tracebackhide__ = True
+    if hasattr(kernel, "kernel_source"):           # trusted grading's stand-in for a kernel: it carries the source
+        return kernel
     import triton
     from triton.runtime.interpreter import InterpretedFunction
     if isinstance(kernel, triton.runtime.jit.JITFunction):
@@ -650,8 +652,16 @@ def run_kernel_check(src_path: str, name: str, result_path: str, progress_path: 
                                "copying minillm's."}
     except GradingError as e:
         verdict = _verdict_json(e)
+    compile_error = None
+    if verdict is None:          # right in the interpreter: does it also compile for a real GPU?
+        try:
+            compile_for_gpu_target(80, "fp16", head_dim=64, block_size=16, group=3, kernel=kernel)
+        except KernelCompileError as e:
+            compile_error = e.summary
+        except Exception as e:  # noqa: BLE001
+            compile_error = f"{type(e).__name__}: {e}"
     with open(result_path, "w") as f:
-        json.dump({"verdict": verdict}, f)
+        json.dump({"verdict": verdict, "compile_error": compile_error}, f)
     return 0
 
 
@@ -679,8 +689,18 @@ def _child_verdict(proc: subprocess.Popen, tmp: str) -> GradingError | None:
                             "does its loop stop after cdiv(seq_len, BLOCK_SIZE) blocks?")
     if os.path.exists(result_path):
         with open(result_path) as f:
-            verdict = json.load(f)["verdict"]
-        return None if verdict is None else _verdict_from_json(verdict)
+            result = json.load(f)
+        if result["verdict"] is not None:
+            return _verdict_from_json(result["verdict"])
+        if result.get("compile_error"):
+            return GradingError(
+                "your kernel is right in the interpreter but does not compile for a real GPU (sm80, fp16, head_dim "
+                f"64, block_size 16, group 3): {result['compile_error']}", None,
+                "the interpreter runs your kernel as plain Python and accepts things compiled Triton does not: "
+                "int()/float()/.item() on tensor values, numpy/torch/math calls on tensors, shapes in tl.arange/"
+                "tl.full that are not tl.constexpr, global constants not wrapped in tl.constexpr(...). Keep to tl.* "
+                "operations.")
+        return None
     case = ""
     if os.path.exists(progress_path):
         with open(progress_path) as f:
@@ -728,16 +748,20 @@ def _untouched(src: str, name: str) -> bool:
 
 
 def verify_lab03_3(kernel: Any) -> None:
-    """The kernel's property in the interpreter (in a child process) and, meanwhile, its AOT compile for sm80 with
-    the engine's compile_for_gpu_target; the property's verdict comes first."""
+    """The kernel's property in the interpreter and its AOT compile for sm80 with the engine's compile_for_gpu_target,
+    both in a child process that runs the kernel from its source text; the property's verdict comes first. (Under
+    trusted grading the kernel is a stand-in that carries its source: the same child checks it.)"""
     __tracebackhide__ = True
     try:
-        src = kernel_source(kernel.fn)
+        src = kernel.kernel_source() if hasattr(kernel, "kernel_source") else kernel_source(kernel.fn)
+        name = kernel.__name__ if hasattr(kernel, "kernel_source") else kernel.fn.__name__
+        if src is None:
+            raise OSError("no source")
     except Exception as e:  # noqa: BLE001
         fail(f"the checker could not read your kernel's source ({type(e).__name__}: {e}); it runs the kernel from "
              "its source in a separate process.",
              "define the kernel with @triton.jit in a notebook cell (or a .py file), not through exec().")
-    if _untouched(src, kernel.fn.__name__):      # the child would only say so, ~3 s later
+    if _untouched(src, name):      # the child would only say so, ~3 s later
         raise GradingError(NOT_IMPLEMENTED)
     with tempfile.TemporaryDirectory(prefix="minillm-lab03-") as tmp:
         src_path, result_path, progress_path = (os.path.join(tmp, f) for f in ("kernel.py", "result.json", "case"))
@@ -746,17 +770,10 @@ def verify_lab03_3(kernel: Any) -> None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = config.child_env(TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([root] + config.python_path()))
         with open(os.path.join(tmp, "stderr"), "w") as err:     # a file: a chatty child never blocks on a pipe
-            proc = subprocess.Popen([sys.executable, "-c", _CHILD, src_path, kernel.fn.__name__, result_path,
+            proc = subprocess.Popen([sys.executable, "-c", _CHILD, src_path, name, result_path,
                                      progress_path], env=env, cwd=tmp, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=err)
-        compile_error = None
         try:
-            try:
-                compile_for_gpu_target(80, "fp16", head_dim=64, block_size=16, group=3, kernel=kernel)
-            except KernelCompileError as e:
-                compile_error = e.summary
-            except Exception as e:  # noqa: BLE001
-                compile_error = f"{type(e).__name__}: {e}"
             verdict = _child_verdict(proc, tmp)
         finally:
             if proc.poll() is None:
@@ -764,12 +781,6 @@ def verify_lab03_3(kernel: Any) -> None:
                 proc.wait()
     if verdict is not None:
         raise verdict
-    if compile_error is not None:
-        fail("your kernel is right in the interpreter but does not compile for a real GPU (sm80, fp16, head_dim 64, "
-             f"block_size 16, group 3): {compile_error}",
-             "the interpreter runs your kernel as plain Python and accepts things compiled Triton does not: "
-             "int()/float()/.item() on tensor values, numpy/torch/math calls on tensors, shapes in tl.arange/tl.full "
-             "that are not tl.constexpr, global constants not wrapped in tl.constexpr(...). Keep to tl.* operations.")
 
 
 # --------------------------------------------------------------------------- the tasks
