@@ -1,12 +1,12 @@
-"""Grading integrity: for every checker of every lab, the ways a determined learner could game it are tried and
-refused, and the blank starters read "not implemented yet".
+"""Grading integrity of the in-notebook checks (feedback): for every checker of every lab, the ways an answer could
+fool it are tried and refused, and the blank starters read "not implemented yet". What a cell does to its kernel
+(patching a grading module, torch, IPython) cannot be refused there; tests/test_grading_trusted.py shows each such
+trick fail under trusted grading, the verdict `minillm grade` and nbgrader record.
 
 The tasks come from each grading module's TASKS (their kind, minillm's implementation, the grader's oracle), the
 blank starters and the graded cells from the released notebooks, so a new lab is covered the moment it exists:
   - blank starters: every graded cell, run after the released (untouched) answer cells, says "not implemented yet";
-  - rebinding a checker's name, patching a grading module (setattr, its __dict__, the framework's helpers, torch
-    and math), patching the private copy of the grading code: the graded cell still fails (or says the code was
-    modified), never passes;
+  - rebinding a checker's name: the graded cell imports it afresh;
   - lying results: an __eq__ that is always true, a tensor subclass whose __torch_function__ makes every
     comparison true, a number whose __float__ reads the expected value from the checker's frames;
   - delegation to minillm's own implementation (or the grader's oracle): the object itself, partial,
@@ -22,7 +22,6 @@ import functools
 import importlib
 import inspect
 import linecache
-import math
 import sys
 import textwrap
 import types
@@ -145,71 +144,6 @@ def test_blank_starter_reads_not_implemented_yet(tid):
 @pytest.mark.parametrize("tid", sorted(TASKS))
 def test_rebinding_the_checker_name_changes_nothing(tid):
     graded_fails(_lab(tid), tid, f"check_{tid} = lambda *args, **kwargs: None")
-
-
-@pytest.mark.parametrize("lab", LABS)
-def test_grading_modules_are_sealed(lab):
-    module = MODULES[lab]
-    assert type(module).__name__ == "_SealedModule"
-    for name in [f"check_{t}" for t in TASKS if _lab(t) == lab] + ["TASKS", "run_property"]:
-        with pytest.raises(AttributeError, match="sealed"):
-            setattr(module, name, None)
-        with pytest.raises(AttributeError, match="sealed"):
-            delattr(module, name)
-    with pytest.raises(AttributeError, match="sealed"):
-        core.run_property = None
-
-
-@pytest.mark.parametrize("lab", LABS)
-def test_patching_module_dicts_and_libraries_changes_nothing(lab):
-    """`vars(module)[name] = fake` for the checkers, the framework and the tasks, and torch / math comparisons
-    that always agree: the graded cells of the blank starter still fail."""
-    noop = lambda *a, **k: None  # noqa: E731
-    targets = [(vars(MODULES[lab]), f"check_{t}", noop) for t in TASKS if _lab(t) == lab]
-    targets += [(vars(MODULES[lab]), "TASKS", {}), (vars(core), "run_property", noop), (vars(core), "fail", noop),
-                (vars(core), "verify_untampered", noop), (vars(torch), "allclose", lambda *a, **k: True),
-                (vars(torch), "equal", lambda *a, **k: True), (vars(math), "isclose", lambda *a, **k: True)]
-    saved = [(d, k, d[k]) for d, k, _ in targets]
-    try:
-        for d, k, fake in targets:
-            d[k] = fake
-        for tid in (t for t in TASKS if _lab(t) == lab):
-            graded_fails(lab, tid)
-    finally:
-        for d, k, v in saved:
-            d[k] = v
-
-
-@pytest.mark.parametrize("what", ["function", "helper", "class", "namespace"])
-def test_patching_the_private_copy_is_detected(what):
-    """Patching the grading code that actually runs (reached through a checker's __globals__, its code object,
-    or a class of the framework) makes every graded cell fail with "modified", until the kernel restarts."""
-    check = MODULES["lab00"].check_lab00_1
-    private = check.__globals__
-    task_cls = core.Task
-    undo = None
-    if what == "function":
-        old = check.__code__
-        self = check.__closure__[0].cell_contents               # the checker closes over its Task
-        check.__code__ = (lambda answer: self and None).__code__
-        undo = lambda: setattr(check, "__code__", old)  # noqa: E731
-    elif what == "helper":
-        old = private["run_property"]
-        private["run_property"] = lambda *a, **k: None
-        undo = lambda: private.__setitem__("run_property", old)  # noqa: E731
-    elif what == "class":
-        old = task_cls.check
-        task_cls.check = lambda self, answer: None
-        undo = lambda: setattr(task_cls, "check", old)  # noqa: E731
-    else:
-        private["sneaky"] = 1
-        undo = lambda: private.pop("sneaky")  # noqa: E731
-    try:
-        graded_fails("lab00", "lab00_1", expect="modified after it was imported")
-        graded_fails("lab01", "lab01_2", expect="modified after it was imported")
-    finally:
-        undo()
-    core.verify_untampered()
 
 
 # ---------------------------------------------------------------- lying results
@@ -587,7 +521,7 @@ def test_a_copy_of_minillms_code_is_graded_by_its_behaviour(tid, capsys):
     except GradingError as e:       # for what it does (another piece's signature, minillm's helpers at run time)
         assert "is a copy" not in str(e) and "copy of minillm" not in str(e), str(e)
         return
-    noted = core.copy_note(answer, TASKS[tid].engine_objects()) is not None
+    noted = core.copy_note(answer, core.fingerprints(TASKS[tid].engine_objects())) is not None
     assert ("note for your instructor" in capsys.readouterr().out) == noted
 
 
@@ -609,7 +543,8 @@ def test_raising_the_graders_own_exceptions_ends_in_a_failure():
 # ---------------------------------------------------------------- no private names of engine objects
 
 ALLOWED_PRIVATE = {"_partialmethod", "_getframe",   # functools' and sys's own, read by the framework
-                   "_fields"}                       # a namedtuple's (public) field names, which feedback shows
+                   "_fields",                       # a namedtuple's (public) field names, which feedback shows
+                   "_oid"}                          # wire.Proxy's own slot (written with object.__setattr__)
 
 
 def _private_accesses(path: Path) -> list[str]:

@@ -216,6 +216,10 @@ TAMPERING = {
     "hypothesis_engine": "import hypothesis.core as hc\nhc.StateForActualGivenExecution.run_engine = "
                          "lambda self: None\n" + WRONG,
     "builtins": "import builtins\nbuiltins.abs = lambda x: 0.0\n" + WRONG,
+    "comparisons_patched": "import math, torch\ntorch.allclose = torch.equal = lambda *a, **k: True\n"
+                           "math.isclose = lambda *a, **k: True\n" + WRONG,
+    "private_copy_patched": "from minillm.grading.lab00 import check_lab00_3 as c\n"
+                            "c.__globals__['run_property'] = lambda *a, **k: None\n" + WRONG,
     "grader_frame": textwrap.dedent("""\
         def roofline_time(flops, nbytes, peak_flops, bandwidth):
             import sys

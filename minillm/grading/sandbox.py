@@ -32,7 +32,8 @@ import threading
 import types
 from typing import Any
 
-from minillm.grading import wire
+from minillm import config
+from minillm.grading import core, wire
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # .../minillm
 _SEALED_MODULES = ("minillm.grading.lab", "minillm.testing", "minillm.grading.core", "minillm.grading.trusted",
@@ -93,8 +94,7 @@ class Sandbox:
 
 
 def _sandbox_env() -> dict[str, str]:
-    from minillm import config
-    return config.child_env(TRITON_INTERPRET="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    return config.child_env(TRITON_INTERPRET="1")
 
 
 # --------------------------------------------------------------------------- the sandbox's side
@@ -213,20 +213,15 @@ def describe(obj: Any) -> dict:
     """What the grader needs to stand in for the answer: its name, kind and (for a class) its members."""
     if isinstance(obj, type):
         members = {}
-        for klass in reversed([k for k in obj.__mro__ if not wire._is_minillm(k.__module__) and k is not object]):
+        for klass in reversed([k for k in obj.__mro__ if not wire.is_minillm(k.__module__) and k is not object]):
             for name, value in vars(klass).items():
                 if name in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__"):
                     continue
                 members[name] = _member_kind(value)
         return {"kind": "class", "name": obj.__name__, "members": members}
     fn = getattr(obj, "fn", None)
-    if inspect.isfunction(fn):                       # a Triton kernel
-        try:
-            from minillm.kernels.triton_paged_attention import kernel_source
-            source = kernel_source(fn)
-        except Exception:  # noqa: BLE001 — no lines to read (emit sends the source along)
-            source = None
-        return {"kind": "kernel", "name": fn.__name__, "params": _params(fn), "source": source}
+    if inspect.isfunction(fn):                       # a Triton kernel (its source came along: emit)
+        return {"kind": "kernel", "name": fn.__name__, "params": _params(fn), "source": None}
     if callable(obj):
         return {"kind": "function", "name": getattr(obj, "__name__", type(obj).__name__), "params": _params(obj)}
     return {"kind": "value", "name": type(obj).__name__}
@@ -260,8 +255,7 @@ class _Host:
         self.channel = channel
 
     def __call__(self, what: str, engine: list[str], payload: bytes) -> tuple[int, dict]:
-        from minillm.grading import core            # the copy detector, before the engine's code is stubbed
-        refs = core.fingerprints(resolve(engine))
+        refs = core.fingerprints(resolve(engine))     # for the copy note, before the engine's code is stubbed
         seal(stub_engine(engine))
         answer, source = pickle.loads(payload), None
         if isinstance(answer, tuple) and len(answer) == 3 and answer[0] == "minillm-answer/1":
@@ -289,11 +283,8 @@ def main(fd: int) -> int:
     channel = wire.Channel(socket.socket(fileno=fd), trusted_peer=True)
     channel.export(_Host(channel), oid=0)
     threading.excepthook = lambda args: None          # a learner's thread dies quietly
-    try:
-        while True:
-            channel._serve(channel._recv())
-    except wire.ChannelClosed:
-        return 0
+    channel.serve_forever()
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,13 +17,8 @@ in the course's nbgrader_config.py in place of Execute: see the instructor guide
 """
 from __future__ import annotations
 
-import ast
-import base64
 import copy
-import importlib
 import inspect
-import re
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -31,97 +26,14 @@ from typing import Any, Callable
 import torch
 from nbgrader.preprocessors import Execute
 
-from minillm.grading import wire
+from minillm.grading import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, wire
 from minillm.grading.core import GradingError, Task, note_call, show
+from minillm.grading.handin import extraction_cell, graded_call, payloads
 from minillm.grading.sandbox import Sandbox
 
-MARK = "minillm-answer:"
-_CALL = re.compile(r"^\s*from\s+(minillm\.grading\.lab\d\d)\s+import\s+(check_lab\d\d_\d+)\s*;\s*\2\((.*)\)\s*$", re.S)
+TASKS: dict[str, Task] = {tid: task for lab in (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09,
+                                                lab10) for tid, task in lab.TASKS.items()}
 
-
-# --------------------------------------------------------------------------- 1. the answers, out of the kernel
-
-def graded_call(source: str) -> tuple[str, str, str] | None:
-    """(module, task id, answer expression) of a graded cell's one-line checker call, or None."""
-    m = _CALL.match(source.strip())
-    if m is None:
-        return None
-    try:
-        ast.parse(m.group(3), mode="eval")
-    except SyntaxError:
-        return None
-    return m.group(1), m.group(2).removeprefix("check_"), m.group(3).strip()
-
-
-def emit(task_id: str, get: Callable[[], Any]) -> None:
-    """Run in the learner's kernel in place of a graded cell: print the answer, pickled by value."""
-    import cloudpickle
-    value = get()
-    modules = {getattr(f, "__module__", None) for f in _defined(value)}
-    mine = [sys.modules[m] for m in modules if m and m in sys.modules and m != "__main__" and _own_module(m)]
-    for module in mine:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        data = cloudpickle.dumps((ENVELOPE, value, _kernel_text(value)))
-    finally:
-        for module in mine:
-            cloudpickle.unregister_pickle_by_value(module)
-    print(f"{MARK}{task_id}:{base64.b64encode(data).decode()}")
-
-
-ENVELOPE = "minillm-answer/1"
-
-
-def _kernel_text(value: Any) -> str | None:
-    """A Triton kernel's source, taken where it was defined (the kernel's linecache has the cell's lines; a
-    process that unpickles the kernel does not)."""
-    fn = getattr(value, "fn", None)
-    if not inspect.isfunction(fn):
-        return None
-    try:
-        from minillm.kernels.triton_paged_attention import kernel_source
-        return kernel_source(fn)
-    except Exception:  # noqa: BLE001 — the checker says the source could not be read
-        return None
-
-
-def _defined(value: Any) -> list:
-    value = inspect.unwrap(value) if callable(value) and not isinstance(value, type) else value
-    value = getattr(value, "fn", value)
-    if isinstance(value, type):
-        return [k for k in value.__mro__ if k is not object]
-    return [value]
-
-
-def _own_module(name: str) -> bool:
-    """A module of the learner's (a helper .py beside the notebook), not minillm's nor an installed library's."""
-    from minillm.grading.core import is_library_file
-    path = getattr(sys.modules[name], "__file__", None)
-    return bool(path) and not is_library_file(path)
-
-
-def extraction_cell(source: str) -> str | None:
-    call = graded_call(source)
-    if call is None:
-        return None
-    _, task_id, expr = call
-    return f"__import__('minillm.grading.trusted', fromlist=['emit']).emit({task_id!r}, lambda: ({expr}))"
-
-
-def payloads(cells: list) -> dict[str, bytes]:
-    """task id -> the pickled answer printed by an executed extraction cell."""
-    found = {}
-    for cell in cells:
-        for out in cell.get("outputs", []):
-            text = out.get("text", "") if out.get("output_type") == "stream" else ""
-            for line in text.splitlines():
-                if line.startswith(MARK):
-                    task_id, _, data = line[len(MARK):].partition(":")
-                    try:
-                        found[task_id] = base64.b64decode(data)
-                    except ValueError:
-                        pass
-    return found
 
 
 # --------------------------------------------------------------------------- 2. stand-ins for the answer
@@ -181,7 +93,7 @@ def _function(target: Callable[[], Any], name: str, params: list, skip_self: boo
         parts = [f"{n}={show(v)}" for n, v in zip(names, shown)] + [show(v) for v in shown[len(names):]]
         note_call(f"{name}({', '.join(parts + [f'{k}={show(v)}' for k, v in kwargs.items()])})")
         fn = target()
-        result, state = fn._ch.proxy(0).call_seeded(fn, torch.get_rng_state(), args, kwargs)
+        result, state = wire.host(fn).call_seeded(fn, torch.get_rng_state(), args, kwargs)
         if isinstance(state, torch.Tensor) and state.dtype == torch.uint8:
             torch.set_rng_state(state)
         return result
@@ -217,7 +129,7 @@ def _class(answer: _Answer, d: dict) -> type:
                 space[name] = _function(_class_member(answer, name), name, [("self", "POSITIONAL_OR_KEYWORD")],
                                         skip_self=True)
         elif kind == "property":
-            space[name] = property(lambda self, n=name: self.__dict__["_remote"]._do("getattr", n))
+            space[name] = property(lambda self, n=name: getattr(self.__dict__["_remote"], n))
         elif name != "__init__":
             space[name] = _instance_method(name)
     if base is None:
@@ -241,7 +153,7 @@ def _remote_subclass(answer: _Answer, d: dict, base: type) -> type:
         if name in _PROTOCOL:
             space[name] = _protocol(name)
         elif kind == "property":
-            space[name] = property(lambda self, n=name: self.__dict__["_remote"]._do("getattr", n))
+            space[name] = property(lambda self, n=name: getattr(self.__dict__["_remote"], n))
         elif kind in ("method", "static", "classmethod"):
             space[name] = _instance_method(name)
         elif kind in ("data", "class") and name in d["members"]:
@@ -328,7 +240,7 @@ class RemoteKernel:
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
-            return self.answer.proxy()._do("getitem", grid)(*args, **kwargs)
+            return self.answer.proxy()[grid](*args, **kwargs)
         return launch
 
 
@@ -343,8 +255,7 @@ class Verdict:
 
 def grade_answer(task_id: str, payload: bytes) -> Verdict:
     """Check one answer (its pickled bytes) with the task's checker, the learner's code in a sandbox."""
-    module = importlib.import_module(f"minillm.grading.{task_id.split('_')[0]}")
-    task: Task = module.TASKS[task_id]
+    task = TASKS[task_id]
     answer = None
     try:
         try:

@@ -66,7 +66,7 @@ class RemoteError(Exception):
     """An exception of a type that does not cross (the learner's own class): its name and message."""
 
 
-def _is_minillm(module: str | None) -> bool:
+def is_minillm(module: str | None) -> bool:
     return isinstance(module, str) and (module == "minillm" or module.startswith("minillm."))
 
 
@@ -219,7 +219,7 @@ class SafeUnpickler(_Unpickler):
             return getattr(copyreg, name)
         if module == "torch" and name == "Size":
             return torch.Size
-        if _is_minillm(module) and module in sys.modules:
+        if is_minillm(module) and module in sys.modules:
             obj = getattr(sys.modules[module], name, None)
             if isinstance(obj, type) and (issubclass(obj, (enum.Enum, BaseException)) or by_value_class(obj)):
                 return obj
@@ -362,6 +362,14 @@ class Channel:
             got += len(chunk)
         return b"".join(chunks)
 
+    def serve_forever(self) -> None:
+        """Serve the other side's requests until it closes the channel (the sandbox's main loop)."""
+        try:
+            while True:
+                self._serve(self._recv())
+        except ChannelClosed:
+            return
+
     # ---- calls
     def request(self, oid: int, op: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         if self.closed:
@@ -471,7 +479,7 @@ class Channel:
 def _exception_class(module: str, name: str) -> type | None:
     if module == "builtins":
         cls = getattr(__import__("builtins"), name, None)
-    elif _is_minillm(module) and module in sys.modules and not module.startswith(("minillm.grading", "minillm.verdict")):
+    elif is_minillm(module) and module in sys.modules and not module.startswith(("minillm.grading", "minillm.verdict")):
         cls = getattr(sys.modules[module], name, None)
     else:
         return None
@@ -561,6 +569,11 @@ class Proxy:
 
     def __reduce__(self) -> Any:
         raise TypeError("an object of the other process cannot be pickled here")
+
+
+def host(proxy: Proxy) -> Proxy:
+    """Object 0 of the other side of `proxy`'s channel (the sandbox's host: it loads answers, calls them seeded)."""
+    return proxy._ch.proxy(0)
 
 
 class Method:
