@@ -19,7 +19,7 @@ from minillm.kv.block_allocator import NoFreeBlocksError
 from minillm.loading.export import hf_config, hf_state
 from minillm.loading.tokenizer import Tokenizer, _bytes_to_unicode
 from minillm.models.llama import LlamaModel
-from minillm.verdict import as_int, as_ints, fail, seal
+from minillm.verdict import as_int, as_ints, fail
 
 # --------------------------------------------------------------------------- tiny random models
 
@@ -570,6 +570,3 @@ def save_model_dir(model, path) -> "Path":
     save_file({k: v.contiguous().float() for k, v in hf_state(model)}, str(path / "model.safetensors"))
     tiny_tokenizer().save(path / "tokenizer.json")
     return path
-
-
-seal(globals())

@@ -1,18 +1,14 @@
-"""The verdict of a check, read with exact types, and the seal that keeps grading code as it was imported.
+"""The verdict of a check, and results read with exact types.
 
 Shared by the fixtures in minillm.testing and the graders in minillm.grading (which sit above both): a failed check
 is one GradingError (an AssertionError: nbgrader and pytest count it as a failed test) built by `fail` / `check`,
 with a Hint staged so it nudges before it solves; results are read with `as_int` / `as_float` / `as_ints` /
 `as_tensor` before anything compares them (a subclass that lies about equality never reaches a comparison).
-`seal(globals())`, a grading module's last line, serves the module from a private copy and refuses patches;
-`verify_untampered` tells when that copy was changed anyway (minillm.grading.core's docstring, "Integrity").
+These checks are honest learners' feedback in the notebook; the verdict is minillm.grading.trusted's, where the
+learner's code runs in a sandbox process and nothing a notebook patches reaches the checker.
 """
 from __future__ import annotations
 
-import builtins
-import inspect
-import sys
-import types
 from typing import Any
 
 import torch
@@ -154,95 +150,3 @@ def type_name(x: Any) -> str:
 
 def is_minillm(module: str | None) -> bool:
     return bool(module) and (module == "minillm" or module.startswith("minillm."))
-
-
-# --------------------------------------------------------------------------- sealing grading modules
-
-_FROZEN_MODULES = frozenset({"torch", "math", "numpy", "hypothesis.strategies", "functools", "os", "sys"})
-_SEALED: dict[str, "_Record"] = {}
-
-
-class _Record:
-    def __init__(self, module: types.ModuleType, private: dict) -> None:
-        self.module, self.private = module, private
-        self.names = dict(private)
-        self.functions = {}
-        self.classes = {}
-        for name, v in private.items():
-            if inspect.isfunction(v) and (v.__globals__ is private or is_minillm(v.__module__)):
-                self.functions[name] = (v, v.__code__, v.__defaults__, v.__kwdefaults__)
-            elif isinstance(v, type) and v.__module__ == private["__name__"]:
-                self.classes[name] = (v, dict(vars(v)))
-
-    def tampered(self) -> str | None:
-        if type(self.module) is not _SealedModule:
-            return "the module was unsealed"
-        if self.private.keys() != self.names.keys() or any(self.private[k] is not v for k, v in self.names.items()):
-            return "a name of its private namespace was rebound"
-        for name, (f, code, defaults, kwdefaults) in self.functions.items():
-            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kwdefaults:
-                return f"function {name} was modified"
-        for name, (cls, members) in self.classes.items():
-            now = vars(cls)
-            if now.keys() != members.keys() or any(now[k] is not v for k, v in members.items()):
-                return f"class {name} was modified"
-        return None
-
-
-class _SealedModule(types.ModuleType):
-    """A grading module after seal(): attributes come from its private copy and cannot be set or deleted."""
-
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("__"):
-            record = _SEALED.get(types.ModuleType.__getattribute__(self, "__name__"))
-            if record is not None and name in record.private:
-                verify_untampered()     # a graded cell's import checks the grading code before it gets a checker
-                return record.private[name]
-        return types.ModuleType.__getattribute__(self, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{self.__name__} is sealed: grading code cannot be patched from a notebook "
-                             "(restart the kernel to undo other changes)")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{self.__name__} is sealed: grading code cannot be patched from a notebook")
-
-
-class _ModuleSnapshot(types.SimpleNamespace):
-    """A module's attributes as they were when a grading module was sealed."""
-
-
-def seal(namespace: dict) -> None:
-    """Seal the grading module whose globals these are (call it as the module's last line: `seal(globals())`).
-
-    The module's source is executed once more into a private namespace whose module references (torch, math,
-    ...) are snapshots taken now; the module then serves every attribute from that copy and refuses changes."""
-    if namespace.get("__minillm_private__"):
-        return
-    name = namespace["__name__"]
-    module = sys.modules[name]
-    private: dict = {"__name__": name, "__file__": namespace["__file__"], "__package__": namespace.get("__package__"),
-                     "__spec__": namespace.get("__spec__"), "__loader__": namespace.get("__loader__"),
-                     "__builtins__": builtins, "__minillm_private__": True}
-    with open(namespace["__file__"], encoding="utf-8") as f:
-        exec(compile(f.read(), namespace["__file__"], "exec"), private)
-    for key, value in list(private.items()):
-        if isinstance(value, types.ModuleType) and value.__name__ in _FROZEN_MODULES:
-            private[key] = _ModuleSnapshot(**{k: v for k, v in vars(value).items() if not k.startswith("__")})
-    # the first module sealed is this one: its private copy's registry and module class serve everyone after
-    home = private if name == __name__ else globals()
-    home["_SEALED"][name] = home["_Record"](module, private)
-    module.__class__ = home["_SealedModule"]
-
-
-def verify_untampered() -> None:
-    """Fail when sealed grading code was patched after it was imported."""
-    __tracebackhide__ = True
-    for name, record in _SEALED.items():
-        what = record.tampered()
-        if what is not None:
-            fail(f"the grading code was modified after it was imported ({name}: {what}), so this check cannot "
-                 "give a verdict.", "restart the kernel and run the notebook from the top without patching minillm.")
-
-
-seal(globals())

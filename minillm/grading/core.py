@@ -4,14 +4,13 @@ A lab task is a `Task`: `task.check(answer)` grades a learner's answer, `task.ve
 suite without the integrity checks (tests/ run it on minillm's own implementation: one suite, graded both ways).
 `check` does, in order:
 
-1. `verify_untampered()`: the grading code is as it was imported (no patched function, class or namespace).
-2. `task.form(answer)`: the answer has the right shape (a function, a class with these methods, ...).
-3. `reject_delegation`: the answer is not minillm's own implementation of the piece, nor the grader's oracle,
+1. `task.form(answer)`: the answer has the right shape (a function, a class with these methods, ...).
+2. `reject_delegation`: the answer is not minillm's own implementation of the piece, nor the grader's oracle,
    under any alias (partial, partialmethod, bound method, staticmethod, `__wrapped__`, a subclass that does not
    override). Code of the learner's own that looks like theirs is never a reason to fail: honest answers coincide
    with them (a one-line formula, the statement's step order, natural names); a long verbatim copy of minillm's
    implementation is noted for the instructor after the verdict (copy_note), the grade is the behaviour's.
-4. `task.verify(answer)` under a `Watch`: the properties, while a tracer notes if minillm's implementation of the
+3. `task.verify(answer)` under a `Watch`: the properties, while a tracer notes if minillm's implementation of the
    piece runs at all, or the grader's oracle runs under the learner's code (a wrapper, a subclass calling super(),
    a composition that forwards). Either one fails the check, whatever the properties said.
 A failure raises one GradingError (an AssertionError: nbgrader and pytest count it as a failed test) that reads like
@@ -76,12 +75,12 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 from minillm.grading.wire import ChannelClosed  # noqa: E402
 from minillm.verdict import (NOT_IMPLEMENTED, GradingError, Hint, as_float, as_int, as_ints,  # noqa: E402,F401
-                             as_tensor, check, fail, is_minillm as _is_minillm, seal, type_name as _type_name,
-                             verify_untampered)
+                             as_tensor, check, fail, is_minillm as _is_minillm, type_name as _type_name)
 
 __all__ = ["GradingError", "Hint", "fail", "check", "as_int", "as_float", "as_ints", "as_tensor", "Task",
-           "run_property", "diagnose", "not_recorded", "note_call", "reject_delegation", "copy_note", "fingerprints", "Watch", "seal", "verify_untampered",
-           "NOT_IMPLEMENTED", "minillm_objects", "function_answer", "class_answer", "Delegated", "is_library_file",
+           "run_property", "diagnose", "not_recorded", "note_call", "reject_delegation", "copy_note", "fingerprints",
+           "Watch", "NOT_IMPLEMENTED", "minillm_objects", "function_answer", "class_answer", "Delegated",
+           "is_library_file",
            "show", "learner_location", "time_limit", "TimedOut", "reset_attempts", "DEFAULT_TIME_LIMIT"]
 
 
@@ -719,7 +718,6 @@ class Task:
 
     def _check(self, answer: Any) -> None:
         __tracebackhide__ = True
-        verify_untampered()
         if answer is None:
             fail(f"you passed None: pass {self.what} itself (the name defined in the answer cell), not the result "
                  "of calling it.")
@@ -875,6 +873,3 @@ def class_answer(what: str, methods: tuple[str, ...], base: type | None = None,
                      f"minillm's).")
         return cls
     return form
-
-
-seal(globals())

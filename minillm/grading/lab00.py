@@ -19,7 +19,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property, seal
+from minillm.grading.core import Hint, Task, as_float, diagnose, fail, function_answer, minillm_objects, run_property
 from minillm.models.llama import LlamaModel
 
 __all__ = ["check_lab00_1", "check_lab00_2", "check_lab00_3", "TASKS"]
@@ -272,5 +272,3 @@ check_lab00_2 = TASKS["lab00_2"].checker(
     'model_flops_bytes(cfg, num_tokens, num_logits, dtype_bytes) -> (flops, bytes) of one forward pass.')
 check_lab00_3 = TASKS["lab00_3"].checker(
     'roofline_time(flops, nbytes, peak_flops, bandwidth) -> the least time (s) the work can take.')
-
-seal(globals())

@@ -22,7 +22,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.config import ModelConfig
-from minillm.grading.core import Hint, Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property, seal
+from minillm.grading.core import Hint, Task, as_int, as_tensor, diagnose, fail, minillm_objects, run_property
 from minillm.kv.cache import KVCache
 
 __all__ = ["check_lab01_1", "check_lab01_2", "check_lab01_3", "TASKS", "reference_attend"]
@@ -343,5 +343,3 @@ check_lab01_2 = TASKS["lab01_2"].checker(
     'kv_cache_bytes(cfg, batch_size, seq_len, dtype_bytes) -> bytes of the KV cache.')
 check_lab01_3 = TASKS["lab01_3"].checker(
     'max_num_seqs(cfg, memory_bytes, weight_bytes, seq_len, dtype_bytes) -> how many full-length sequences fit.')
-
-seal(globals())

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, diagnose, fail, minillm_objects, \
-    run_property, seal
+    run_property
 from minillm.kv.block_allocator import BlockAllocator, NoFreeBlocksError
 from minillm.kv.block_manager import BlockManager, slot_mapping as engine_slot_mapping
 from minillm.testing import operations, run_operations
@@ -503,6 +503,3 @@ check_lab02_2 = TASKS["lab02_2"].checker(
     'BlockAllocator(num_blocks) with allocate / share / free / ref_count / num_free_blocks and ref counts.')
 check_lab02_3 = TASKS["lab02_3"].checker(
     'A BlockManager subclass with its own num_blocks_needed / append_slots (copy-on-write) / fork / free.')
-
-
-seal(globals())

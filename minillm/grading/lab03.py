@@ -31,7 +31,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm import config
 from minillm.grading.core import (NOT_IMPLEMENTED, GradingError, Hint, Task, Watch, as_tensor, check, diagnose, fail,
-                                  minillm_objects, reject_delegation, run_property, seal)
+                                  minillm_objects, reject_delegation, run_property)
 from minillm.kernels.triton_paged_attention import (KernelCompileError, compile_for_gpu_target, kernel_source,
                                                     launch_decode)
 from minillm.testing import PagedCase, make_paged_case
@@ -803,5 +803,3 @@ check_lab03_2 = TASKS["lab03_2"].checker(
     'online_softmax_update(m [G], l [G], acc [G, D], scores [G, T], values [T, D]) -> (m, l, acc).')
 check_lab03_3 = TASKS["lab03_3"].checker(
     "A @triton.jit PagedAttention decode kernel with the statement's signature (grid (S, KVH)).")
-
-seal(globals())

@@ -40,7 +40,7 @@ from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.engine.simple import SimpleGenerator
 from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, is_library_file,
-                                  minillm_objects, run_property, seal, time_limit)
+                                  minillm_objects, run_property, time_limit)
 from minillm.kv.block_manager import BlockManager
 from minillm.sampling.params import SamplingParams
 from minillm.testing import tiny_model
@@ -646,5 +646,3 @@ check_lab04_1 = TASKS["lab04_1"].checker(
 check_lab04_2 = TASKS["lab04_2"].checker(
     'admit_waiting(self, out, budget): FCFS admission by budget, max_num_seqs and free blocks.')
 check_lab04_3 = TASKS["lab04_3"].checker('preempt(self, seq): recompute-style preemption.')
-
-seal(globals())

@@ -31,7 +31,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm import config
 from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, diagnose, fail, minillm_objects, \
-    run_property, seal
+    run_property
 from minillm.interfaces import CachedBlock
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.prefix_cache import HASH_MASK
@@ -666,5 +666,3 @@ check_lab05_2 = TASKS["lab05_2"].checker(
     'find_cached_prefix(token_ids, block_size, cache, hash_fn) -> block ids of the longest verified cached prefix.')
 check_lab05_3 = TASKS["lab05_3"].checker(
     'An LRU evictor class: add, remove, pop_lru, clear, len, iter (eviction order).')
-
-seal(globals())

@@ -28,7 +28,7 @@ import torch
 from hypothesis import assume, example, given, strategies as st
 
 from minillm.grading.core import GradingError, Hint, Task, as_tensor, check, diagnose, fail, minillm_objects, \
-    run_property, seal
+    run_property
 from minillm.sampling.params import SamplingParams
 from minillm.sampling.sampler import Sampler, SamplingBatch
 from minillm.testing import chi_square
@@ -783,5 +783,3 @@ check_lab06_1 = TASKS["lab06_1"].checker(
     '-inf; per row: temperature -> min-p -> top-k -> top-p.')
 check_lab06_2 = TASKS["lab06_2"].checker(
     'draw(probs [B, V], generators: list of B torch.Generator | None) -> int64 [B], row i drawn with generators[i].')
-
-seal(globals())

@@ -33,8 +33,7 @@ from typing import Any, Callable, Sequence
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects, run_property,
-                                  seal)
+from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects, run_property)
 from minillm.testing import chi_square
 
 __all__ = ["check_lab07_1", "check_lab07_2", "TASKS", "single_step", "reference_find_ngram_draft", "STAT_CASES",
@@ -603,5 +602,3 @@ check_lab07_1 = TASKS["lab07_1"].checker(
 check_lab07_2 = TASKS["lab07_2"].checker(
     'find_ngram_draft(token_ids, k, min_n, max_n) -> up to k tokens that followed the latest earlier occurrence of '
     'the last n tokens, longest n first.')
-
-seal(globals())

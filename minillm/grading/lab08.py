@@ -35,7 +35,7 @@ import torch
 from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import (GradingError, Hint, Task, as_tensor, diagnose, fail, minillm_objects, not_recorded,
-                                  run_property, seal)
+                                  run_property)
 from minillm.quant.formats import QuantizedWeight
 
 __all__ = ["check_lab08_1", "check_lab08_2", "check_lab08_3", "check_lab08_4", "TASKS", "int8_codes_ref",
@@ -543,5 +543,3 @@ check_lab08_2 = TASKS["lab08_2"].checker(
     "quantize_int4(w, group_size) -> QuantizedWeight: asymmetric int4 per group, packed in GGUF's nibble order.")
 check_lab08_3 = TASKS["lab08_3"].checker("dequantize(qw) -> float32 [N, K]: the matrix a QuantizedWeight stands for.")
 check_lab08_4 = TASKS["lab08_4"].checker("qlinear(x, qw) -> x · dequantize(qw)ᵀ in x's dtype.")
-
-seal(globals())

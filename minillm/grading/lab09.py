@@ -38,7 +38,7 @@ import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import (GradingError, Hint, Task, as_float, check, class_answer, diagnose, fail, function_answer,
-                                  minillm_objects, run_property, seal)
+                                  minillm_objects, run_property)
 from minillm.distributed.comm import Communicator, connect
 
 __all__ = ["check_lab09_1", "check_lab09_2", "check_lab09_3", "check_lab09_4", "TASKS", "column_rows_ref",
@@ -774,6 +774,3 @@ check_lab09_3 = TASKS["lab09_3"].checker(
 check_lab09_4 = TASKS["lab09_4"].checker(
     "a class with tp_bytes_per_token(hidden_size, num_layers, dtype_bytes) and pp_bytes_per_token(hidden_size, pp, "
     "dtype_bytes): payload bytes per token.")
-
-
-seal(globals())

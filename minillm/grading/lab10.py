@@ -37,7 +37,7 @@ from collections import deque
 import numpy as np
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, fail, minillm_objects, run_property, seal
+from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, fail, minillm_objects, run_property
 from minillm.structured.automata import DEAD, DFA, NFA, RegexTooComplex, compile_regex
 from minillm.structured.regex import Alt, Chars, Concat, Repeat, parse
 from minillm.structured.token_index import TokenIndex, VocabTrie
@@ -854,6 +854,3 @@ check_lab10_2 = TASKS["lab10_2"].checker(
 check_lab10_3 = TASKS["lab10_3"].checker(
     'build_token_index(dfa, vocab, eos_token_ids) -> TokenIndex: per state the sorted tokens whose whole byte '
     'string keeps the DFA alive, and where each leads; no special, empty or EOS token.')
-
-
-seal(globals())
