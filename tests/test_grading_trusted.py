@@ -220,6 +220,19 @@ TAMPERING = {
                            "math.isclose = lambda *a, **k: True\n" + WRONG,
     "private_copy_patched": "from minillm.grading.lab00 import check_lab00_3 as c\n"
                             "c.__globals__['run_property'] = lambda *a, **k: None\n" + WRONG,
+    "lying_result": textwrap.dedent("""\
+        class Yes(float):
+            def __eq__(self, other):
+                return True
+            def __sub__(self, other):
+                return 0.0
+            __rsub__ = __sub__
+            def __abs__(self):
+                return 0.0
+            __hash__ = float.__hash__
+        def roofline_time(flops, nbytes, peak_flops, bandwidth):
+            return Yes(-1.0)
+        """),
     "grader_frame": textwrap.dedent("""\
         def roofline_time(flops, nbytes, peak_flops, bandwidth):
             import sys
@@ -373,3 +386,15 @@ def test_delegation_to_minillm_fails_under_trusted_grading(tid, how):
                "could not be loaded where it is graded",
                "super(type, obj)")     # super() in a method run with `self` lent from the grader (lab04)
     assert any(r in verdict.message for r in reasons), verdict.message
+
+
+@pytest.mark.slow            # two notebook runs: about forty seconds
+@pytest.mark.parametrize("folder, full", [("solutions", True), ("labs", False)])
+def test_minillm_grade_gives_the_solution_full_marks_and_the_release_zero(folder, full):
+    """The CLI's trusted path on a whole lab (every lab's solution and release go through the nbgrader hook in
+    tests/test_course.py; the two paths share run_trusted)."""
+    r = subprocess.run([sys.executable, "-m", "minillm", "grade", str(ROOT / folder / "lab01")], capture_output=True,
+                       text=True, cwd=ROOT, timeout=1800)
+    got, total = r.stdout.strip().splitlines()[-1].removeprefix("score: ").split("/")
+    assert (float(got) == float(total) > 0) if full else (float(got) == 0 < float(total)), r.stdout + r.stderr
+    assert r.returncode == (0 if full else 1)
