@@ -262,11 +262,13 @@ def check_wrong_lab00(course: Path) -> None:
     assert "minillm/grading" not in html and "site-packages" not in html
 
 
-def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):
-    """Cheap check of the scorecard rules: pass, error, and an edited locked graded cell (checksum mismatch)."""
+def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path):
+    """Cheap check of the scorecard rules (pass, error, an edited locked graded cell: checksum mismatch) on an
+    executed notebook's cells: the trusted run leaves its verdicts in the graded cells and the same rules read them.
+    A graded cell that is not a minillm checker call has no trusted verdict: the trusted run calls it modified."""
     from nbgrader.utils import compute_checksum
-    from minillm.grading.cli import add_grade_parser
-    import argparse
+    from minillm.grading.cli import execute_notebook, grade_cells, scorecard_lines
+    from minillm.grading.trusted import run_trusted
 
     def cell(src, gid, points):
         c = nbformat.v4.new_code_cell(src, metadata={"nbgrader": {
@@ -281,16 +283,14 @@ def test_minillm_grade_scorecard_on_a_tiny_notebook(tmp_path, capsys):
     nb.cells = [nbformat.v4.new_code_cell("x = 1"), cell("assert x == 1", "t_1", 2),
                 cell("assert x == 2, 'x should be 2\\nsecond line'", "t_2", 1), edited]
     nbformat.write(nb, tmp_path / "tiny.ipynb")
-    ap = argparse.ArgumentParser()
-    add_grade_parser(ap.add_subparsers(dest="command"))
-    args = ap.parse_args(["grade", str(tmp_path)])
-    assert args.func(args) == 1
-    out = capsys.readouterr().out
-    lines = out.strip().splitlines()
-    assert lines[-1] == "score: 2/7", out
+    results = grade_cells(execute_notebook(tmp_path / "tiny.ipynb").cells)
+    out = "\n".join(line for r in results for line in scorecard_lines(r, 4))
+    assert [r.passed for r in results] == [True, False, False], out
     assert re.search(r"t_1\s+2/2\s+pass", out), out
     assert re.search(r"t_2\s+0/1\s+FAIL\s+AssertionError: x should be 2\n\s+second line$", out, re.M), out
     assert re.search(r"t_3\s+0/4\s+FAIL\s+the graded cell was modified", out), out
+    trusted = run_trusted(nb, lambda work: execute_notebook(tmp_path / "tiny.ipynb", nb=work))
+    assert [r.message.split(":")[0] for r in grade_cells(trusted.cells)] == ["the graded cell was modified"] * 3
 
 
 def run_grade(path: Path) -> tuple[int, str]:

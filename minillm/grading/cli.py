@@ -190,7 +190,9 @@ def grade_cells(cells: list, timeout: int = DEFAULT_TIMEOUT) -> list[TaskResult]
         err = _error(cell)
         if err is None:
             ran = cell.get("execution_count") is not None
-            results.append(TaskResult(gid, points, ran, "" if ran else "the cell did not run"))
+            notes = [o.get("text", "").strip() for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+                     and o.get("text", "").startswith("note for your instructor")]
+            results.append(TaskResult(gid, points, ran, "\n".join(notes) if ran else "the cell did not run"))
             continue
         cause = _answer_trouble(cells, _answer_cells(cells, at, gid), gid, timeout, err)
         results.append(TaskResult(gid, points, False, cause or _verdict(err, timeout)))
@@ -202,8 +204,8 @@ def scorecard_lines(r: TaskResult, width: int) -> list[str]:
     indented under its first."""
     mark = f"{_fmt(r.points if r.passed else 0)}/{_fmt(r.points)}"
     head = f"  {r.grade_id:<{width}}  {mark:>7}  "
-    if r.passed:
-        return [head + "pass"]
+    if r.passed:          # a pass may carry a note for the instructor (a verbatim copy of minillm's code)
+        return [head + "pass"] + [" " * (len(head) + 6) + line for line in r.message.splitlines()]
     first, *rest = r.message.splitlines() or [""]
     return [f"{head}FAIL  {first}".rstrip()] + [" " * (len(head) + 6) + line for line in rest]
 

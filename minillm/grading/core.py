@@ -758,7 +758,8 @@ class Task:
             print(note)
 
     def _timed_out(self, e: TimedOut, watch: Watch) -> GradingError:
-        where = f" (it was running your code, {e.where})" if e.where else ""
+        at = e.where or next((ask() for ask in reversed(REMOTE_WHERE)), "")
+        where = f" (it was running your code, {at})" if at else ""
         call = f"; the call in progress: {watch.calls[-1]}" if watch.calls else ""
         return GradingError(
             f"timed out after {e.limit.seconds:g} s: the check of {self.id} ({self.what}) did not finish{where}{call}"
@@ -779,6 +780,8 @@ class Task:
 
 
 _ATTEMPTS: dict[str, int] = {}       # task id -> its failed checks in a row, in this kernel session
+# Under trusted grading the learner's code runs in a sandbox process: these say where it is (the innermost)
+REMOTE_WHERE: list[Callable[[], str]] = []
 
 
 def _names_the_answer(e: TypeError, obj: Any) -> bool:

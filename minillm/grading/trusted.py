@@ -27,6 +27,7 @@ import torch
 from nbgrader.preprocessors import Execute
 
 from minillm.grading import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, wire
+from minillm.grading import core
 from minillm.grading.core import GradingError, Task, note_call, show
 from minillm.grading.handin import extraction_cell, graded_call, payloads
 from minillm.grading.sandbox import Sandbox
@@ -48,11 +49,14 @@ class _Answer:
         self.proxies: dict[int, wire.Proxy] = {}
         self.lock = threading.Lock()
         self.description: dict = {}
+        self.closed, self.first = False, threading.get_ident()
         self.proxy()                                    # load it now, in this thread's sandbox
 
     def proxy(self) -> wire.Proxy:
         me = threading.get_ident()
         with self.lock:
+            if self.closed:
+                raise wire.ChannelClosed("the check is over")
             if me not in self.proxies:
                 box = Sandbox()
                 self.sandboxes[me] = box
@@ -61,10 +65,20 @@ class _Answer:
             return self.proxies[me]
 
     def ended(self) -> str:
-        return next((e for e in (b.ended() for b in self.sandboxes.values()) if e), "")
+        with self.lock:
+            boxes = list(self.sandboxes.values())
+        return next((e for e in (b.ended() for b in boxes) if e), "")
+
+    def where(self) -> str:
+        with self.lock:
+            box = self.sandboxes.get(self.first)
+        return box.where() if box is not None else ""
 
     def close(self) -> None:
-        for box in self.sandboxes.values():
+        with self.lock:
+            self.closed = True               # a rank thread still running gets no new sandbox
+            boxes = list(self.sandboxes.values())
+        for box in boxes:
             box.close()
 
 
@@ -264,7 +278,11 @@ def grade_answer(task_id: str, payload: bytes) -> Verdict:
             return Verdict(False, f"your {task.what} could not be loaded where it is graded ({type(e).__name__}: "
                                   f"{e}): hand in code of your own, defined in the notebook (minillm's graders and "
                                   "its own implementation of the piece are not available there).")
-        task.check(stand_in(answer))
+        core.REMOTE_WHERE.append(answer.where)
+        try:
+            task.check(stand_in(answer))
+        finally:
+            core.REMOTE_WHERE.remove(answer.where)
         return Verdict(True, note=answer.description.get("note"))
     except GradingError as e:
         return Verdict(False, str(e).strip())
