@@ -56,7 +56,7 @@ def test_minillm_itself_is_refused():
 
 # ---------------------------------------------------------------- lab08_1 quantize_int8
 
-def quantize_int8(w, *, scope="row", rounding="nearest", clamp=True, scale_f16_first=True):
+def quantize_int8(w, *, scope="row", rounding="nearest", clamp=True, scale_f16_first=True, low=-127):
     """A learner's int8 quantizer (a loop over rows, unlike minillm's), with switches for the classic mistakes."""
     n, k = w.shape
     q = torch.empty(n, k, dtype=torch.int8)
@@ -70,7 +70,7 @@ def quantize_int8(w, *, scope="row", rounding="nearest", clamp=True, scale_f16_f
         x = w[r] / s
         x = torch.trunc(x) if rounding == "trunc" else torch.floor(x + 0.5)     # ties away from zero: accepted
         if clamp:
-            x = x.clamp(-127, 127)
+            x = x.clamp(low, 127)
         q[r] = x.to(torch.int8)
         scales[r, 0] = s16
     return QuantizedWeight("int8", q, scales, None, k)
@@ -89,6 +89,8 @@ INT8_WRONG = {
     "per-tensor scale": (dict(scope="tensor"), "one scale for the whole matrix"),
     "round toward zero": (dict(rounding="trunc"), "rounded toward zero"),
     "no clamp": (dict(clamp=False), "clamp before the cast"),
+    # symmetric int8 is [-127, 127]; -128 shows only where a subnormal float16 scale pushes |w| / scale past 127.5
+    "clamp to -128": (dict(low=-128), "clamped to [-127, 127] = -127"),
 }
 
 

@@ -175,7 +175,7 @@ def make_rules(*, column="local", row="reduce_then_bias"):
     """A learner's rules class (plain methods, not staticmethods), with switches for the classic mistakes."""
     class Rules:
         def column_forward(self, x, weight, bias, comm):
-            y = x @ weight.t()
+            y = x @ weight.t() if column != "upcast" else x.float() @ weight.float().t()
             if column == "reduce":                            # an all-reduce after the column layer too
                 comm.all_reduce(y)
             if bias is not None and column != "no_bias":
@@ -183,7 +183,7 @@ def make_rules(*, column="local", row="reduce_then_bias"):
             return y
 
         def row_forward(self, x, weight, bias, comm):
-            partial = x @ weight.t()
+            partial = x @ weight.t() if row != "upcast" else x.float() @ weight.float().t()
             if row == "bias_first" and bias is not None:      # every rank adds the bias, then the sum
                 partial = partial + bias
             if row == "gather":                               # treated as split by outputs: concatenate
@@ -207,7 +207,7 @@ def make_rules(*, column="local", row="reduce_then_bias"):
                 partial = partial / comm.world_size
             if bias is not None and row not in ("bias_first", "no_bias"):
                 partial = partial + bias
-            return partial
+            return partial.to(x.dtype) if row == "upcast" else partial     # cast back: the all-reduce was float32
     return Rules
 
 
@@ -238,6 +238,9 @@ FORWARD_WRONG = {
     "the all-reduce's result thrown away": (dict(row="discard"), "was not used"),
     "the input all-reduced in place": (dict(row="in_place_x"), "changed its input x in place"),
     "two all-reduces": (dict(row="twice"), "made 2 all-reduces"),
+    # bfloat16 layers computed in float32: the output's dtype, or (cast back) the all-reduce's bytes, shows it
+    "column layer upcast to float32": (dict(column="upcast"), "keep the input's dtype"),
+    "row partial sums all-reduced in float32": (dict(row="upcast"), "in bfloat16 is 8 bytes"),
 }
 
 

@@ -143,9 +143,11 @@ def _close_f16(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 
 def _codes_ok(codes: torch.Tensor, exact: torch.Tensor, lo: int, hi: int, slack: torch.Tensor) -> torch.Tensor:
-    """Each code is round(exact) clamped to [lo, hi], up to ties and `slack` (the scale's own rounding)."""
+    """Each code is round(exact) clamped to [lo, hi], up to ties and `slack` (the scale's own rounding), and never
+    outside [lo, hi] (symmetric int8 is [-127, 127]: -128 has no positive twin)."""
     clamped = exact.clamp(lo, hi)
-    return (codes.to(torch.float64) - clamped).abs() <= 0.5 + slack + 1e-6 * (1 + exact.abs())
+    inside = (codes >= lo) & (codes <= hi)
+    return inside & ((codes.to(torch.float64) - clamped).abs() <= 0.5 + slack + 1e-6 * (1 + exact.abs()))
 
 
 def _where(mask: torch.Tensor) -> tuple[int, ...]:
@@ -190,7 +192,9 @@ _INT8_HINT = Hint(
 
 # A row whose largest weight is 7.6e-4: its scale 5.98e-6 is a float16 subnormal and rounds down to 5.96e-6, so
 # max|w| / scale = 127.6: without a clamp the code is 128, which int8 cannot hold.
-_TINY_ROW = torch.tensor([[7.6e-4, -3e-4] + [1e-5] * 30, [0.5, -1.0] + [0.25] * 30])
+# rows whose float16 scale is subnormal (rounded by up to 1%): |w| / scale passes 127.5 at the row's extreme, so
+# the clamp decides the code; the negative extreme must clamp to -127 (symmetric), not -128
+_TINY_ROW = torch.tensor([[7.6e-4, -3e-4] + [1e-5] * 30, [-7.6e-4, 3e-4] + [1e-5] * 30, [0.5, -1.0] + [0.25] * 30])
 
 
 def _int8_case(quantize_int8: Callable[..., Any], w: torch.Tensor) -> None:

@@ -480,7 +480,7 @@ def _sent(comm) -> dict:
              "leave the communicator as it is; call comm.all_reduce(t).")
 
 
-def _read_output(y, shape: tuple, what: str, rank: int) -> torch.Tensor:
+def _read_output(y, shape: tuple, what: str, rank: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     __tracebackhide__ = True
     if type(y) is not torch.Tensor:
         fail(f"{what} must be a torch.Tensor, got a {_kind(y)} on rank {rank}", "return the tensor you computed.")
@@ -489,14 +489,17 @@ def _read_output(y, shape: tuple, what: str, rank: int) -> torch.Tensor:
              f"{'of this rank' if what == 'column_forward' else 'of the whole layer'})",
              "column_forward: [tokens, this rank's rows of the weight]; row_forward: [tokens, out_features] — "
              "the whole output, on every rank.")
-    if y.dtype != torch.float32:
-        fail(f"{what} returned {y.dtype} on rank {rank} for float32 inputs: keep the input's dtype")
-    return y.detach().clone()
+    if y.dtype != dtype:
+        fail(f"{what} returned {y.dtype} on rank {rank} for {dtype} inputs: keep the input's dtype (a layer that "
+             "upcasts hands the next layer, and the all-reduce, twice the bytes)",
+             "a matmul of bfloat16 tensors is bfloat16 already: no .float() / .to(float32) anywhere in the rule.")
+    return y.detach().float().clone()
 
 
-def _values(g: torch.Generator, *shape: int) -> torch.Tensor:
-    """Small half-integers: every product and sum below is exact in float32, whatever the order of the sum."""
-    return torch.randint(-6, 7, shape, generator=g).to(torch.float32) / 2
+def _values(g: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Small half-integers: every product and sum below is exact in float32 (and, for the few-input bfloat16 probe,
+    in bfloat16), whatever the order of the sum."""
+    return (torch.randint(-6, 7, shape, generator=g).to(torch.float32) / 2).to(dtype)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -521,15 +524,15 @@ _ROW_HINT = ("a row-parallel rank holds some input columns: x · weightᵀ is a 
 
 
 def _column_case(rules, comms: list, tokens: int, in_features: int, per_rank: int, with_bias: bool,
-                 seed: int) -> None:
+                 seed: int, dtype: torch.dtype = torch.float32) -> None:
     """Every rank's column_forward on its rows of a dense W (contiguous blocks in rank order)."""
     __tracebackhide__ = True
     world = len(comms)
     g = torch.Generator().manual_seed(seed)
     out_features = per_rank * world
-    x = _values(g, tokens, in_features)
-    w = _values(g, out_features, in_features)
-    b = _values(g, out_features) if with_bias else None
+    x = _values(g, tokens, in_features, dtype=dtype)
+    w = _values(g, out_features, in_features, dtype=dtype)
+    b = _values(g, out_features, dtype=dtype) if with_bias else None
     shards = [(x.clone(), w[r * per_rank:(r + 1) * per_rank].clone(),
                None if b is None else b[r * per_rank:(r + 1) * per_rank].clone()) for r in range(world)]
     given_ = [tuple(None if t is None else t.clone() for t in s) for s in shards]
@@ -548,9 +551,9 @@ def _column_case(rules, comms: list, tokens: int, in_features: int, per_rank: in
     _unchanged(shards, given_, "column_forward")
     for r in range(world):
         xr, wr, br = shards[r]
-        y = _read_output(outs[r], (tokens, per_rank), "column_forward", r)
-        plain = torch.matmul(xr, wr.transpose(0, 1))
-        want = plain if br is None else plain + br
+        y = _read_output(outs[r], (tokens, per_rank), "column_forward", r, dtype)
+        plain = torch.matmul(xr.float(), wr.float().transpose(0, 1))
+        want = plain if br is None else plain + br.float()
         if not _close(y, want):
             why = ""
             if br is not None and _close(y, plain):
@@ -560,16 +563,16 @@ def _column_case(rules, comms: list, tokens: int, in_features: int, per_rank: in
 
 
 def _row_case(rules, comms: list, tokens: int, per_rank: int, out_features: int, with_bias: bool,
-              seed: int) -> None:
+              seed: int, dtype: torch.dtype = torch.float32) -> None:
     """Every rank's row_forward on its input columns of a dense W (contiguous blocks in rank order): each must
     return the dense x · Wᵀ + b, after exactly one all-reduce of the [tokens, out] partial product."""
     __tracebackhide__ = True
     world = len(comms)
     g = torch.Generator().manual_seed(seed)
     in_features = per_rank * world
-    x = _values(g, tokens, in_features)
-    w = _values(g, out_features, in_features)
-    b = _values(g, out_features) if with_bias else None
+    x = _values(g, tokens, in_features, dtype=dtype)
+    w = _values(g, out_features, in_features, dtype=dtype)
+    b = _values(g, out_features, dtype=dtype) if with_bias else None
     shards = [(x[:, r * per_rank:(r + 1) * per_rank].clone(), w[:, r * per_rank:(r + 1) * per_rank].clone(),
                None if b is None else b.clone()) for r in range(world)]
     given_ = [tuple(None if t is None else t.clone() for t in s) for s in shards]
@@ -578,7 +581,7 @@ def _row_case(rules, comms: list, tokens: int, per_rank: int, out_features: int,
     outs = _on_every_rank(comms, lambda r: rules.row_forward(*given_[r], comms[r]), "row_forward")
     where = (f"x [{tokens}, {in_features}] and a [{out_features}, {in_features}] weight split by input columns over "
              f"{world} ranks ({per_rank} each), {'with' if with_bias else 'no'} bias")
-    payload = tokens * out_features * 4
+    payload = tokens * out_features * torch.empty(0, dtype=dtype).element_size()
     for r, c in enumerate(comms):
         sent = _sent(c)
         reduces = sent.get("all_reduce", 0)
@@ -598,15 +601,16 @@ def _row_case(rules, comms: list, tokens: int, per_rank: int, out_features: int,
         sent_bytes = int(c.stats.bytes["all_reduce"])
         if sent_bytes != payload:
             fail(f"your row_forward all-reduced {sent_bytes} bytes on rank {r} ({where}), but the partial product "
-                 f"[{tokens}, {out_features}] in float32 is {payload} bytes: all-reduce x_r · weightᵀ itself",
+                 f"[{tokens}, {out_features}] in {str(dtype).removeprefix('torch.')} is {payload} bytes: all-reduce "
+                 "x_r · weightᵀ itself, in the input's dtype",
                  _ROW_HINT)
-    plain = torch.matmul(x, w.transpose(0, 1))
-    want = plain if b is None else plain + b
+    plain = torch.matmul(x.float(), w.float().transpose(0, 1))
+    want = plain if b is None else plain + b.float()
     for r in range(world):
-        y = _read_output(outs[r], (tokens, out_features), "row_forward", r)
+        y = _read_output(outs[r], (tokens, out_features), "row_forward", r, dtype)
         if _close(y, want):
             continue
-        partial = torch.matmul(shards[r][0], shards[r][1].transpose(0, 1))
+        partial = torch.matmul(shards[r][0].float(), shards[r][1].float().transpose(0, 1))
         why = ""
         if b is not None and _close(y, plain + world * b):
             why = (f" — the bias was added on every rank before the all-reduce, so the sum holds it {world} times: "
@@ -643,6 +647,9 @@ def verify_lab09_3(cls) -> None:
         _column_case(rules, groups(world), tokens, a, c, bias, seed)
     for seed, (world, tokens, a, c, bias) in enumerate(FORWARD_PROBES):
         _row_case(rules, groups(world), tokens, a, c, bias, seed + 100)
+    # bfloat16 in, bfloat16 out (and on the wire): a rule that upcasts to float32 doubles the all-reduce
+    _column_case(rules, groups(2), 2, 2, 2, True, 7, dtype=torch.bfloat16)
+    _row_case(rules, groups(2), 2, 2, 2, True, 8, dtype=torch.bfloat16)
 
     @given(world=st.sampled_from([2, 3, 4]), tokens=st.integers(1, 5), a=st.integers(1, 4), c=st.integers(1, 5),
            bias=st.booleans(), seed=st.integers(0, 2**31 - 1))

@@ -262,6 +262,8 @@ from minillm.grading.lab09 import check_lab09_2; check_lab09_2(row_cols)
 # `comm.all_reduce(t)`, which sums `t` over the ranks **in place** (every rank ends with the sum) and returns it.
 # Every rank runs your function at the same time, and an all-reduce returns only when all ranks have called it.
 # The communicator counts what it sends (`comm.stats.messages`, `comm.stats.bytes`): the checker reads them.
+# Both rules compute in the input's dtype and return it: the checker also runs a bfloat16 layer, where a float32
+# detour would double what the all-reduce sends.
 #
 # The answer is a class holding all four rules, the seam's shape; the first two are yours from Tasks 1 and 2.
 #
