@@ -103,7 +103,13 @@ def thompson(node, nfa, *, chars="utf8", copies="fresh", optional_skip=True, sta
         bs, be = body()
         link(e, bs)
         e = be
-    if node.max is None and unbounded == "loop":
+    if node.max is None and unbounded == "unwrapped":        # no enter/leave states: skip and loop on the body
+        bs, be = body()
+        link(e, bs)
+        link(bs, be)
+        link(be, bs)
+        e = be
+    elif node.max is None and unbounded == "loop":
         bs, be = body()
         ls, le = nfa.state(), nfa.state()
         link(ls, bs)
@@ -143,6 +149,8 @@ NFA_WRONG = {
     "only the first option": (dict(alt="first"), "alternation"),
     "the empty concatenation": (dict(empty="crash"), "raised IndexError"),
     "max None read as min": (dict(unbounded="ignore"), "x* repeats"),
+    # right on every single loop, wrong on a loop whose body ends in a loop: (?:ab*)* then reads "b" alone
+    "a loop without its own enter and leave states": (dict(unbounded="unwrapped"), "a loop inside a loop"),
 }
 
 

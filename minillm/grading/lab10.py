@@ -305,6 +305,12 @@ NFA_PROBES = (
     ("a{1,3}", "aaaa", "x{1,3} allows at most 3 copies"),
     ("(?:a){0}b", "b", "x{0} matches only the empty text"),
     ("(?:ab)*c", "ababc", "a repeated group: the loop goes around the whole body"),
+    # a loop whose body ends in a loop: without fresh enter/leave states around each loop, the outer loop's skip
+    # edge lands on the inner loop's end, whose back edge then reads the inner body on its own
+    ("(?:ab*)*a", "ba", "a loop inside a loop: wrap every loop in its own enter and leave states (enter ─ε─► body "
+                        "─ε─► leave, body end ─ε─► body start, enter ─ε─► leave), so that nothing but the loop's own "
+                        "back edge leaves the body's end"),
+    ("(?:a|b*)*c", "bbac", "a loop inside an alternation inside a loop: the outer loop repeats whole options"),
     ("中", "中", "中 is U+4E2D: three bytes in UTF-8, E4 B8 AD"),
     ("é", "é", "é is U+00E9: two bytes in UTF-8, C3 A9"),
     ("é", b"\xe9", "the single byte E9 is é in Latin-1, not in UTF-8 (C3 A9): it is not valid UTF-8"),
