@@ -345,7 +345,28 @@ def dr_int32(probs, generators):
     return draw_multinomial_loop(probs, generators).int()
 
 
+def dr_greedy_when_peaked(probs, generators):
+    """Right on every spread-out row; the argmax once one token holds more than 90%."""
+    out = torch.empty(probs.shape[0], dtype=torch.long)
+    for i, g in enumerate(generators):
+        p = probs[i]
+        out[i] = p.argmax() if p.max() > 0.9 else torch.multinomial(p, 1, generator=g)[0]
+    return out
+
+
+def dr_drop_tail(probs, generators):
+    """Renormalizes after dropping every token below 1e-3: a few draws in thousands, invisible to a chi-square."""
+    out = torch.empty(probs.shape[0], dtype=torch.long)
+    for i, g in enumerate(generators):
+        p = probs[i].clone()
+        p[p < 1e-3] = 0
+        out[i] = torch.multinomial(p if p.sum() > 0 else probs[i], 1, generator=g)[0]
+    return out
+
+
 DRAW_WRONG = {
+    "greedy_when_peaked": (dr_greedy_when_peaked, "draws the argmax when one token holds 96%"),
+    "tail_dropped": (dr_drop_tail, "drops tokens below a probability threshold"),
     "argmax": (dr_argmax, "argmax"),
     "first_generator_for_all": (dr_first_generator, "OTHER rows' generators", "generators[0]"),
     "global_rng": (dr_global_rng, "the same seeds gave different tokens"),

@@ -634,9 +634,45 @@ def _draw_rows(draw: st.DrawFn, max_rows: int = 5) -> tuple[torch.Tensor, list]:
     return x.softmax(-1), seeds
 
 
+# Masses a chi-square over the whole distribution cannot see: a few draws in thousands. Each case puts a known
+# mass on a set of tokens; the count of draws that land there is Binomial(N, mass), and it must not fall more than
+# MASS_SIGMAS standard deviations below N * mass (a one-sided z-test; seeds are fixed, so the verdict is too; a
+# correct draw falls that low with probability < 1e-9, a draw that never picks the set is 10+ sigmas below).
+MASS_SIGMAS = 6.0
+
+
+def _mass_cases() -> list:
+    """(what a sampler that misses the set does, probs [V], the token set, rows per call, calls)."""
+    peaked = torch.full((8,), 0.04 / 7)
+    peaked[0] = 0.96
+    tail = torch.full((10_001,), 0.25 / 10_000)         # 10,000 tokens of 2.5e-5 each: a quarter of the mass
+    tail[0] = 0.75
+    return [("draws the argmax when one token holds 96% (the other 4% is drawn too: 1 time in 25)", peaked,
+             torch.arange(1, 8), 500, 5),
+            ("drops tokens below a probability threshold (10,000 tokens of 2.5e-5 each hold 25% of the mass)", tail,
+             torch.arange(1, 10_001), 500, 5)]
+
+
+def _mass_checks(draw: Callable[..., Any]) -> None:
+    for why, p, members, rows, calls in _mass_cases():
+        probs = p.expand(rows, -1).contiguous()
+        gens = [_gen(20_000 + i) for i in range(rows)]
+        toks = torch.cat([_draw(draw, probs, gens) for _ in range(calls)])
+        n, mass = len(toks), float(p[members].double().sum())
+        hit = int(torch.isin(toks, members).sum())
+        expect, sigma = n * mass, (n * mass * (1 - mass)) ** 0.5
+        if hit < expect - MASS_SIGMAS * sigma:
+            fail(f"draw picked tokens {int(members[0])}..{int(members[-1])} {hit} times in {n} draws of probs "
+                 f"[{rows}, {p.numel()}] whose mass there is {mass:g} (expected about {expect:.0f} ± {sigma:.0f}): a "
+                 f"sampler that {why}",
+                 "every token comes out with exactly its probability, however small it is and however peaked the "
+                 "row: no shortcut to the argmax, no threshold.")
+
+
 def verify_lab06_2(draw: Callable[..., Any]) -> None:
     with torch.random.fork_rng(devices=[]):              # the notebook's global RNG is left as it was
         _counts_check(draw)
+        _mass_checks(draw)
         _one_hot_rows(draw)
         _reproducible(draw)
         _independent(draw)
