@@ -320,3 +320,17 @@ def test_lab07_2_correct_learner_lookups_pass():
                 return list(toks[s + n:s + n + k])
         return []
     check_lab07_2(with_tuples)
+
+
+def _fast_path_global(p, d, q, g, when):
+    """right_rule, except that its fast path draws from torch's global RNG: with nothing drafted (k = 0), or with
+    one-hot draft_probs (a greedy draft model): the common paths stay exact, so the statistics cannot tell."""
+    onehot = len(d) > 0 and bool((q == 1).any(-1).all())
+    fast = (when == "k0" and len(d) == 0) or (when == "one_hot" and onehot)
+    return walk(p, d, q, torch.default_generator if fast else _gen(g), ratio, residual)
+
+
+@pytest.mark.parametrize("when", ["k0", "one_hot"])
+def test_lab07_1_a_fast_path_on_the_global_rng_fails(when):
+    rejected(check_lab07_1, lambda p, d, q, g: _fast_path_global(p, d, q, g, when),
+             "global RNG although a generator was given")

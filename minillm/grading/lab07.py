@@ -316,12 +316,16 @@ def _reproducibility(rule: Callable[..., Any]) -> None:
     p, q = torch.tensor(DENSE_P, dtype=torch.float64), torch.tensor(DENSE_Q, dtype=torch.float64)
     g = _seeded(5)
     drafts = torch.stack([torch.multinomial(q[j], 40, replacement=True, generator=g) for j in range(3)], 1).tolist()
+    # the rule's fast paths too: nothing drafted (k = 0: only the bonus token), and one-hot drafts (a greedy draft
+    # model): each must still draw from the request's generator
+    cases = [(p, d, q) for d in drafts] + [(p[:1], [], q[:0])] * 20 + \
+        [(p, d, torch.nn.functional.one_hot(torch.tensor(d), q.shape[1]).to(q.dtype)) for d in drafts[:20]]
 
     def run(global_seed: int, gen_seed: int | None) -> list[list[int]]:
         torch.manual_seed(global_seed)
         gen = _seeded(gen_seed) if gen_seed is not None else None
-        return [_call_rule(rule, p, d, q, gen, lambda: f"{_describe(p, q, d)} (the reproducibility check)")
-                for d in drafts]
+        return [_call_rule(rule, pc, d, qc, gen, lambda: f"{_describe(pc, qc, d)} (the reproducibility check)")
+                for pc, d, qc in cases]
 
     a, b = run(11, 1234), run(22, 1234)
     if a != b:
@@ -334,7 +338,8 @@ def _reproducibility(rule: Callable[..., Any]) -> None:
             why = ("your rule's randomness comes from somewhere else than torch (Python's random, numpy, the "
                    "clock): draw every random number with torch, from the generator argument")
         fail(f"two runs with generators seeded alike (torch.Generator().manual_seed(1234)) gave different tokens, "
-             f"e.g. {a[i]} vs {b[i]} for the drafts {drafts[i]}, when only torch's global RNG was reseeded in "
+             f"e.g. {a[i]} vs {b[i]} for the drafts {cases[i][1]}"
+             + (" (one-hot draft_probs)" if i >= len(drafts) + 20 else "") + ", when only torch's global RNG was reseeded in "
              f"between — {why}. A seeded request must reproduce whatever else runs in the engine.")
     c, d = run(33, None), run(33, None)
     if c != d:
