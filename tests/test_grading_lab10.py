@@ -295,6 +295,18 @@ def test_lab10_2_a_correct_subset_construction_passes():
     check_lab10_2(lambda nfa, s, a: subsets(nfa, s, a))
 
 
+@pytest.mark.slow      # seconds: the checker's full run
+def test_lab10_2_an_explicit_dead_state_passes():
+    """A correct alternative (the lab text says so): a non-accepting sink state in place of DEAD."""
+    def with_dead_state(nfa, s, a):
+        d = subsets(nfa, s, a)
+        sink = d.transitions.shape[0]
+        rows = np.where(d.transitions == DEAD, sink, d.transitions)
+        rows = np.vstack([rows, np.full((1, 256), sink)]).astype(np.int32)
+        return DFA(rows, np.append(d.accepting, False), d.start)
+    check_lab10_2(with_dead_state)
+
+
 DET_WRONG = {
     "no closure of the start state": (dict(start_closure=False), "epsilon-closure of {start}"),
     "no closure after a move": (dict(move_closure=False), "after each move, follow epsilon edges"),

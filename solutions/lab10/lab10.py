@@ -319,7 +319,9 @@ show_nfa("é|ab")
 #
 # Don't modify the NFA. The checker compares your DFA with the NFA exactly (it walks both together and reports the
 # shortest byte string on which they disagree), on hand-made NFAs with ε-cycles and on Thompson NFAs of random
-# patterns.
+# patterns. An explicit dead state (a non-accepting state every byte of which leads back to itself, used in place
+# of `DEAD`) is fine too: it accepts the same language, and the engine trims states that cannot reach an accepting
+# one before it indexes the vocabulary.
 #
 # <details><summary>Hint: the 256 bytes</summary>
 #
