@@ -534,38 +534,11 @@ class Proxy:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._ch.request(self._oid, "call", args, kwargs)
 
-    def __len__(self) -> int:
-        return self._do("len")
-
-    def __iter__(self) -> Any:
-        return self._do("iter")
-
-    def __next__(self) -> Any:
-        return self._do("next")
-
-    def __bool__(self) -> bool:
-        return self._do("bool")
-
-    def __hash__(self) -> int:
-        return self._do("hash")
-
     def __repr__(self) -> str:
         try:
             return self._do("repr")
         except BaseException:  # noqa: BLE001 — a rendering of a dead proxy
             return "<object in the other process>"
-
-    def __str__(self) -> str:
-        return self._do("str")
-
-    def __int__(self) -> int:
-        return self._do("int")
-
-    def __float__(self) -> float:
-        return self._do("float")
-
-    def __index__(self) -> int:
-        return self._do("index")
 
     def __reduce__(self) -> Any:
         raise TypeError("an object of the other process cannot be pickled here")
@@ -605,7 +578,8 @@ def _operator(name: str) -> Any:
     return method
 
 
-for _name in sorted(_OPERATORS - {"index"}):
+# len(), iter(), next(), bool(), hash(), str(), int(), float(), operator.index() and the operators: each a request
+for _name in sorted(_OPERATORS | {"len", "iter", "next", "bool", "hash", "str", "int", "float"}):
     setattr(Proxy, f"__{_name.rstrip('_')}__", _operator(_name))
 for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "matmul", "and_", "or_", "xor"):
     def _reflected(self: Proxy, other: Any, _op: str = _name) -> Any:
