@@ -398,3 +398,15 @@ def test_minillm_grade_gives_the_solution_full_marks_and_the_release_zero(folder
     got, total = r.stdout.strip().splitlines()[-1].removeprefix("score: ").split("/")
     assert (float(got) == float(total) > 0) if full else (float(got) == 0 < float(total)), r.stdout + r.stderr
     assert r.returncode == (0 if full else 1)
+
+
+def test_an_answer_that_drags_notebook_state_along_is_refused_when_handed_in(capsys):
+    from minillm.grading import handin
+    big = torch.zeros(handin.MAX_ANSWER_BYTES // 4 + 1)           # a global the answer reads: it travels by value
+
+    def answer(x):
+        return x + big[0]
+    with pytest.raises(ValueError, match="carries notebook state"):
+        handin.emit("lab00_3", lambda: answer)
+    handin.emit("lab00_3", lambda: (lambda x: x))                    # a small one prints its bytes
+    assert capsys.readouterr().out.startswith(handin.MARK + "lab00_3:")

@@ -45,10 +45,15 @@ def emit(task_id: str, get: Callable[[], Any]) -> None:
     finally:
         for module in mine:
             cloudpickle.unregister_pickle_by_value(module)
+    if len(data) > MAX_ANSWER_BYTES:
+        raise ValueError(f"your answer takes {len(data) / 2**20:.0f} MiB to hand in: it carries notebook state with "
+                         "it (a global it reads, such as a model or a big tensor, travels by value). Keep the answer "
+                         "to code and small constants: pass large things in as arguments.")
     print(f"{MARK}{task_id}:{base64.b64encode(data).decode()}")
 
 
 ENVELOPE = "minillm-answer/1"
+MAX_ANSWER_BYTES = 64 * 2**20      # code and constants are kilobytes; past this, a model came along
 
 
 def _kernel_text(value: Any) -> str | None:
