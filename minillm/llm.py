@@ -96,15 +96,25 @@ class LLM:
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm, dynamic_ncols=True)
         t0, out_tokens = time.perf_counter(), 0
         while engine.has_unfinished_requests():
+            done = 0
             for out in engine.step():
                 out_tokens += len(out.delta_token_ids)
                 if out.finished:
                     results[out.request_id] = out
-                    bar.update(1)
-            bar.set_postfix(out_tok_s=f"{out_tokens / max(time.perf_counter() - t0, 1e-9):.0f}",
+                    done += 1
+            # the rate first, then the count: a bar redraws on update, and must show this step's rate, not 0
+            bar.set_postfix(out_tok_s=rate(out_tokens, time.perf_counter() - t0),
                             running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting), refresh=False)
+            bar.update(done)
         bar.close()
         return [results[rid] for rid in ids]
+
+
+def rate(tokens: int, seconds: float) -> str:
+    """Tokens per second for a progress bar: whole numbers from 10 up, two significant digits below, so a slow
+    first step (a long prefill, a busy machine) reads 0.4, not 0."""
+    r = tokens / max(seconds, 1e-9)
+    return f"{r:.0f}" if r >= 10 else f"{r:.2g}"
 
 
 def _check_prompts(prompts) -> None:

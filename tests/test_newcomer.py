@@ -112,3 +112,9 @@ def test_errors_name_the_file_or_the_flag(tmp_path, capsys):
     for value, needle in (("1PiB", "KiB/MiB/GiB"), ("-1GiB", "positive size")):
         with pytest.raises(ValueError, match=needle):
             EngineConfig.from_kwargs(kv_cache_memory=value)
+
+
+def test_the_progress_bar_rate_is_never_a_misleading_zero():
+    """One token in 2.5 s (a long prefill on a busy machine) is 0.4 tok/s; the bar used to print it as 0."""
+    from minillm.llm import rate
+    assert [rate(1, 2.5), rate(0, 1.0), rate(33, 10.0), rate(1234, 1.0)] == ["0.4", "0", "3.3", "1234"]
