@@ -176,7 +176,8 @@ def verify_lab01_1(attend: Callable[..., Any]) -> None:
         if why is None and big:
             why = ("the scores here are far from 0: exp() of them overflows or underflows unless you subtract "
                    "each row's maximum score first")
-        fail(f"wrong output for {shapes}, scale={scale:g}{', scores up to about ±1e10' if huge else ''}: max error {float(err.max()):.3g} at query {i} "
+        huge_note = ", scores up to about ±1e10" if huge else ""
+        fail(f"wrong output for {shapes}, scale={scale:g}{huge_note}: max error {float(err.max()):.3g} at query {i} "
              f"(position {L - n + i} of {L}), head {rest // out.shape[2]}" + (f" — {why}" if why else ""))
 
     run_property(prop, max_examples=80, hint=Hint(

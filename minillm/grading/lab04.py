@@ -635,8 +635,9 @@ def _preempt_the_oldest(probe: type) -> None:
 
 def _task(k: int, verify: Callable[..., None]) -> Task:
     name = METHODS[k - 1]
-    return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,), instances="grader",
-                engine=minillm_objects(f"minillm.engine.scheduler:Scheduler.{name}"), oracles=lambda: [fcfs_step])
+    return Task(f"lab04_{k}", what=name, verify=verify, kind="methods", base=Scheduler, methods=(name,),
+                instances="grader", engine=minillm_objects(f"minillm.engine.scheduler:Scheduler.{name}"),
+                oracles=lambda: [fcfs_step])
 
 
 TASKS = {t.id: t for t in (_task(1, verify_lab04_1), _task(2, verify_lab04_2), _task(3, verify_lab04_3))}

@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects, run_property)
+from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects,
+                                  run_property)
 from minillm.testing import chi_square
 
 __all__ = ["check_lab07_1", "check_lab07_2", "TASKS", "single_step", "reference_find_ngram_draft", "STAT_CASES",
@@ -339,7 +340,8 @@ def _reproducibility(rule: Callable[..., Any]) -> None:
                    "clock): draw every random number with torch, from the generator argument")
         fail(f"two runs with generators seeded alike (torch.Generator().manual_seed(1234)) gave different tokens, "
              f"e.g. {a[i]} vs {b[i]} for the drafts {cases[i][1]}"
-             + (" (one-hot draft_probs)" if i >= len(drafts) + 20 else "") + ", when only torch's global RNG was reseeded in "
+             + (" (one-hot draft_probs)" if i >= len(drafts) + 20 else "")
+             + ", when only torch's global RNG was reseeded in "
              f"between — {why}. A seeded request must reproduce whatever else runs in the engine.")
     c, d = run(33, None), run(33, None)
     if c != d:

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Hint, Task, as_float, check, class_answer, diagnose, fail, function_answer,
-                                  minillm_objects, run_property)
+from minillm.grading.core import (GradingError, Hint, Task, as_float, check, class_answer, diagnose, fail,
+                                  function_answer, minillm_objects, run_property)
 from minillm.distributed.comm import Communicator, connect
 
 __all__ = ["check_lab09_1", "check_lab09_2", "check_lab09_3", "check_lab09_4", "TASKS", "column_rows_ref",

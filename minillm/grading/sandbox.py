@@ -117,7 +117,8 @@ def _stub(message: str, freevars: int) -> types.CodeType:
     """A code object that raises RuntimeError(message), with `freevars` free variables (a function's __code__
     can only be replaced by code with as many)."""
     names = [f"_v{i}" for i in range(freevars)]
-    inner = f"    def stub(*args, **kwargs):\n        {', '.join(names) + ' = ' + ', '.join(names) if names else 'pass'}" \
+    touch = ", ".join(names) + " = " + ", ".join(names) if names else "pass"        # uses the free variables
+    inner = f"    def stub(*args, **kwargs):\n        {touch}" \
             f"\n        raise RuntimeError({message!r})\n"
     src = "def outer():\n" + "".join(f"    {n} = None\n" for n in names) + inner + "    return stub\n"
     space: dict = {}

@@ -3,8 +3,8 @@
 In-notebook checks are feedback: they run in the learner's kernel, where an answer cell can change anything. The
 trusted verdict is computed elsewhere:
 
-1. The notebook runs in a fresh kernel with every graded cell replaced by `emit(...)`, which pickles that cell's
-   answer by value (cloudpickle: a notebook's functions and classes travel with their code) and prints the bytes.
+1. The notebook runs in a fresh kernel with every graded cell replaced by `handin.emit(...)`, which pickles that
+   cell's answer by value (cloudpickle: a notebook's functions and classes travel with their code) and prints the bytes.
    Nothing else of the kernel is used: whatever its cells did (patched modules, IPython hooks, cleared outputs,
    a rewritten checker) stays in that process, and the bytes are only ever unpickled in a sandbox.
 2. Each task is checked here, in the grader's process: its checker draws the inputs and holds the oracle, and calls
@@ -12,8 +12,9 @@ trusted verdict is computed elsewhere:
    learner's code, with minillm's own implementation of the piece stubbed out. An exit or a crash there is a
    verdict ("your function ended the process").
 
-`grade_notebook(path)` returns the scorecard; `TrustedExecute` is the same as an nbgrader preprocessor (enable it
-in the course's nbgrader_config.py in place of Execute: see the instructor guide in labs/README.md).
+`run_trusted(notebook, execute)` does both (`minillm grade` executes with nbclient, cli.grade_notebook); the
+nbgrader hook `TrustedExecute` is the same as a preprocessor, enabled in the course's nbgrader_config.py in place
+of Execute (docs/instructors.md).
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from minillm.grading.sandbox import Sandbox
 
 TASKS: dict[str, Task] = {tid: task for lab in (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09,
                                                 lab10) for tid, task in lab.TASKS.items()}
-
 
 
 # --------------------------------------------------------------------------- 2. stand-ins for the answer
@@ -289,7 +289,8 @@ def grade_answer(task_id: str, payload: bytes) -> Verdict:
     except wire.ChannelClosed as e:
         how = answer.ended() if answer is not None else ""
         if isinstance(e, wire.Ended) or how:
-            return Verdict(False, f"your {task.what} ended the process it was graded in ({str(e) if isinstance(e, wire.Ended) else how}): "
+            cause = str(e) if isinstance(e, wire.Ended) else how
+            return Verdict(False, f"your {task.what} ended the process it was graded in ({cause}): "
                            "an answer returns its result; it never exits.")
         return Verdict(False, f"the grading sandbox stopped: {e}")
     except wire.RemoteError as e:

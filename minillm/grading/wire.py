@@ -308,7 +308,7 @@ class Channel:
         self.objects: dict[int, Any] = {}
         self.oid_of: dict[int, int] = {}
         self.proxies: dict[int, Proxy] = {}
-        self.methods: set[tuple[int, str]] = set()    # (object, name) the other side said is a method: one request a call
+        self.methods: set[tuple[int, str]] = set()    # (object, name) the other side said is a method: one request
         self.ids = itertools.count(1)
         self.lock = threading.Lock()
         self.closed = False
