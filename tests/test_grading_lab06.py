@@ -364,7 +364,64 @@ def dr_drop_tail(probs, generators):
     return out
 
 
+def _inverse_cdf_draw(probs, generators, *, dtype=torch.float64, u_dtype=torch.float64, right=True, branch=None):
+    """An inverse CDF per row on one uniform from that row's generator, with switches for subtle biases."""
+    out = []
+    for i, g in enumerate(generators):
+        p = probs[i]
+        if branch is not None:
+            p = branch(p)
+            if isinstance(p, int):
+                out.append(p)
+                continue
+        cdf = p.to(dtype).cumsum(-1)
+        u = torch.rand(1, generator=g, dtype=u_dtype).to(dtype) * cdf[-1]
+        out.append(int(torch.searchsorted(cdf, u, right=right).clamp(max=p.numel() - 1)))
+    return torch.tensor(out, dtype=torch.long)
+
+
+def dr_greedy_when_very_peaked(probs, generators):
+    """The argmax once one token holds more than 99%: 1 draw in 100 differs on such rows, none elsewhere."""
+    return _inverse_cdf_draw(probs, generators, branch=lambda p: int(p.argmax()) if p.max() > 0.99 else p)
+
+
+def dr_multinomial_greedy_when_very_peaked(probs, generators):
+    out = torch.empty(probs.shape[0], dtype=torch.long)
+    for i, g in enumerate(generators):
+        p = probs[i]
+        out[i] = p.argmax() if p.max() > 0.995 else torch.multinomial(p, 1, generator=g)[0]
+    return out
+
+
+def dr_drops_below_1e5(probs, generators):
+    """Drops tokens below 1e-5 (and renormalizes): a few draws in a million."""
+    return _inverse_cdf_draw(probs, generators, branch=lambda p: torch.where(p < 1e-5, 0.0, p))
+
+
+def dr_float16_cdf(probs, generators):
+    return _inverse_cdf_draw(probs, generators, dtype=torch.float16, u_dtype=torch.float32)
+
+
+def dr_left_edge(probs, generators):
+    """searchsorted(right=False): u == cdf[j] goes to token j instead of the next one."""
+    return _inverse_cdf_draw(probs, generators, dtype=torch.float32, u_dtype=torch.float32, right=False)
+
+
+def dr_touches_the_global_rng(probs, generators):
+    """Right tokens, but one torch.multinomial over the whole batch first (its result used for unseeded rows only)."""
+    everyone = torch.multinomial(probs, 1)[:, 0]
+    seeded = draw_multinomial_loop(probs, [g if g is not None else torch.Generator() for g in generators])
+    return torch.tensor([int(seeded[i]) if g is not None else int(everyone[i]) for i, g in enumerate(generators)])
+
+
 DRAW_WRONG = {
+    "greedy_when_very_peaked": (dr_greedy_when_very_peaked, "tokens 1..400 hold 1e-06 each", "greedy on peaked"),
+    "multinomial_greedy_when_very_peaked": (dr_multinomial_greedy_when_very_peaked, "follows torch.multinomial",
+                                            "greedy on peaked"),
+    "drops_below_1e-5": (dr_drops_below_1e5, "drops tiny tokens below a threshold"),
+    "float16_cdf": (dr_float16_cdf, "probability 0"),
+    "left_edge_of_the_cdf": (dr_left_edge, "u equals cdf[0] exactly", "cdf[j] > u"),
+    "touches_the_global_rng": (dr_touches_the_global_rng, "advanced torch's global generator"),
     "greedy_when_peaked": (dr_greedy_when_peaked, "draws the argmax when one token holds 96%"),
     "tail_dropped": (dr_drop_tail, "drops tokens below a probability threshold"),
     "argmax": (dr_argmax, "argmax"),

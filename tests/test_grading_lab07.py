@@ -334,3 +334,47 @@ def _fast_path_global(p, d, q, g, when):
 def test_lab07_1_a_fast_path_on_the_global_rng_fails(when):
     rejected(check_lab07_1, lambda p, d, q, g: _fast_path_global(p, d, q, g, when),
              "global RNG although a generator was given")
+
+
+# ---------------------------------------------------------------- biases in a sliver: the checker chooses the numbers
+
+def _sliver_rule(*, accept_le=False, greedy_above=None, drop_below=None, half_ratio=False):
+    """right_rule's walk (float64 uniforms, torch.multinomial), with one bias a count test cannot see."""
+    def rule(p, d, q, g):
+        g = _gen(g)
+        out = []
+
+        def emit(w):
+            if greedy_above is not None and float(w.max() / w.sum()) > greedy_above:
+                return int(w.argmax())
+            if drop_below is not None:
+                w = torch.where(w < drop_below * w.sum(), torch.zeros_like(w), w)
+            return int(torch.multinomial(w, 1, generator=g))
+        for j, x in enumerate(d):
+            u = float(torch.rand((), generator=g, dtype=torch.float32 if half_ratio else torch.float64))
+            r = float(p[j, x].half() / q[j, x].half()) if half_ratio else float(p[j, x] / q[j, x])
+            if (u <= r) if accept_le else (u < min(1.0, r)):
+                out.append(x)
+                continue
+            return out + [emit((p[j] - q[j]).clamp_min(0))]
+        return out + [emit(p[len(d)])]
+    return rule
+
+
+SLIVER_WRONG = {
+    "greedy_when_peaked": (dict(greedy_above=0.99), "greedy on peaked rows"),
+    "drops_tiny_tokens": (dict(drop_below=1e-3), "drops tiny tokens below a threshold"),
+    "accepts_when_u_equals_the_ratio": (dict(accept_le=True), "next uniform is exactly 0.0", "strictly"),
+    "float16_ratio": (dict(half_ratio=True), "too low a precision"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLIVER_WRONG))
+def test_lab07_1_biases_in_a_sliver_fail(name):
+    """Statistics cannot see these (a few requests in a million differ); generators in chosen states do."""
+    kw, *needles = SLIVER_WRONG[name]
+    rejected(check_lab07_1, _sliver_rule(**kw), *needles)
+
+
+def test_lab07_1_the_sliver_rule_without_its_bias_passes():
+    check_lab07_1(_sliver_rule())

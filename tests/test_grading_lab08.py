@@ -166,6 +166,43 @@ def test_lab08_2_wrong_versions_fail_with_their_diagnosis(name):
     rejected(check_lab08_2, lambda w, g: quantize_int4(w, g, **kw), needle, "Hint")
 
 
+def q8_eps_for_zero_rows(w):
+    """A stand-in scale for an all-zero row (1e-30): 1e-30 / 1e-30 = 1 leaks into the codes of a zero row."""
+    s = (w.abs().amax(1, keepdim=True) / 127).half()
+    q = torch.round((w + 1e-30) / s.float().clamp_min(1e-30)).clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight("int8", q, s, None, w.shape[1])
+
+
+def q4_divides_by_zero(w, group_size):
+    """No guard for a constant group: (w - float16(min)) / 0 is +-inf or nan, clamped to 15 or cast to 0."""
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"group size {group_size} does not divide {k} columns")
+    x = w.reshape(n, k // group_size, group_size)
+    lo, hi = x.amin(-1), x.amax(-1)
+    m, s = lo.half(), ((hi - lo) / 15).half()
+    q = ((x - m.float()[..., None]) / s.float()[..., None]).round().clamp(0, 15)
+    return QuantizedWeight("int4", pack_int4(q.reshape(n, k).to(torch.uint8)), s, m, group_size)
+
+
+def q4_midpoint_for_constant_groups(w, group_size):
+    """Code 8 (the middle of the grid) for a constant group: it dequantizes right, but the statement says 0."""
+    qw = quantize_int4(w, group_size)
+    n, k = w.shape
+    codes = torch.cat([qw.qweight.view(n, k // 32, 16) & 15, qw.qweight.view(n, k // 32, 16) >> 4], -1).view(n, k)
+    codes = codes.view(n, k // group_size, group_size)
+    codes[qw.scales == 0] = 8
+    return QuantizedWeight("int4", pack_int4(codes.reshape(n, k)), qw.scales, qw.mins, group_size)
+
+
+def test_zero_rows_and_constant_groups_must_get_codes_0():
+    """All-zero rows (int8) and constant groups (int4; drawn, of any value) have scale 0 and codes 0: a division
+    by zero (or by an epsilon) must not leak into the codes."""
+    rejected(check_lab08_1, q8_eps_for_zero_rows, "is all zeros: its scale is 0 and its codes must be 0")
+    rejected(check_lab08_2, q4_divides_by_zero, "has all its weights equal to", "codes must be 0")
+    rejected(check_lab08_2, q4_midpoint_for_constant_groups, "has all its weights equal to", "codes must be 0")
+
+
 # ---------------------------------------------------------------- lab08_3 dequantize
 
 def dequantize(qw, *, nibbles="gguf", mins=True, groups="interleave"):

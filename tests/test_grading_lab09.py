@@ -175,7 +175,8 @@ def make_rules(*, column="local", row="reduce_then_bias"):
     """A learner's rules class (plain methods, not staticmethods), with switches for the classic mistakes."""
     class Rules:
         def column_forward(self, x, weight, bias, comm):
-            y = x @ weight.t() if column != "upcast" else x.float() @ weight.float().t()
+            up = column == "upcast" or (column == "upcast_half" and x.dtype == torch.float16)
+            y = x.float() @ weight.float().t() if up else x @ weight.t()
             if column == "reduce":                            # an all-reduce after the column layer too
                 comm.all_reduce(y)
             if bias is not None and column != "no_bias":
@@ -183,7 +184,8 @@ def make_rules(*, column="local", row="reduce_then_bias"):
             return y
 
         def row_forward(self, x, weight, bias, comm):
-            partial = x @ weight.t() if row != "upcast" else x.float() @ weight.float().t()
+            up = row == "upcast" or (row == "upcast_half" and x.dtype == torch.float16)
+            partial = x.float() @ weight.float().t() if up else x @ weight.t()
             if row == "bias_first" and bias is not None:      # every rank adds the bias, then the sum
                 partial = partial + bias
             if row == "gather":                               # treated as split by outputs: concatenate
@@ -207,7 +209,7 @@ def make_rules(*, column="local", row="reduce_then_bias"):
                 partial = partial / comm.world_size
             if bias is not None and row not in ("bias_first", "no_bias"):
                 partial = partial + bias
-            return partial.to(x.dtype) if row == "upcast" else partial     # cast back: the all-reduce was float32
+            return partial.to(x.dtype) if up else partial     # cast back: the all-reduce was float32
     return Rules
 
 
@@ -241,6 +243,9 @@ FORWARD_WRONG = {
     # bfloat16 layers computed in float32: the output's dtype, or (cast back) the all-reduce's bytes, shows it
     "column layer upcast to float32": (dict(column="upcast"), "keep the input's dtype"),
     "row partial sums all-reduced in float32": (dict(row="upcast"), "in bfloat16 is 8 bytes"),
+    # float16 is drawn too: "float16 overflows, compute it in float32" changes the dtype or the wire's bytes
+    "column layer upcasts float16 only": (dict(column="upcast_half"), "for torch.float16 inputs: keep the input's"),
+    "row partial sums of float16 all-reduced in float32": (dict(row="upcast_half"), "in float16 is 8 bytes"),
 }
 
 

@@ -80,6 +80,13 @@ def thompson(node, nfa, *, chars="utf8", copies="fresh", optional_skip=True, sta
                 link(e, ps)
                 e = pe
             return s, e
+        if unbounded == "skip_from_body_start" and node.parts:     # lean: a concatenation starts at its first part
+            s, e = sub(node.parts[0])
+            for part in node.parts[1:]:
+                ps, pe = sub(part)
+                link(e, ps)
+                e = pe
+            return s, e
         s = e = nfa.state()
         for part in node.parts:
             ps, pe = sub(part)
@@ -103,6 +110,15 @@ def thompson(node, nfa, *, chars="utf8", copies="fresh", optional_skip=True, sta
         bs, be = body()
         link(e, bs)
         e = be
+    if node.max is None and node.min == 0 and unbounded == "skip_from_body_start":   # a leave state, no enter state
+        bs, be = body()
+        le = nfa.state()
+        link(be, bs)
+        link(be, le)
+        link(bs, le)
+        return bs, le
+    if node.max is None and unbounded == "skip_from_body_start":
+        unbounded = "loop"
     if node.max is None and unbounded == "unwrapped":        # no enter/leave states: skip and loop on the body
         bs, be = body()
         link(e, bs)
@@ -151,6 +167,10 @@ NFA_WRONG = {
     "max None read as min": (dict(unbounded="ignore"), "x* repeats"),
     # right on every single loop, wrong on a loop whose body ends in a loop: (?:ab*)* then reads "b" alone
     "a loop without its own enter and leave states": (dict(unbounded="unwrapped"), "a loop inside a loop"),
+    # a leave state but no enter state: the skip leaves from the body's start, which an inner loop at the start of
+    # the body returns to — '(?:b*a)*' then accepts 'b'
+    "a loop whose skip edge leaves from the body's start": (dict(unbounded="skip_from_body_start"),
+                                                            "a loop whose body starts with a loop"),
 }
 
 

@@ -17,7 +17,11 @@ within rtol 1e-5 + 2e-6 x max|logit / T| (float32's own resolution at that magni
 lab06_2: no reference draw (two correct samplers give different tokens for the same seed). Exact checks (one-hot
 rows, tokens of probability 0 never drawn), Pearson chi-square tests of the token counts against probs (fixed seeds;
 3,072 draws per distribution and kind of generator; each p-value must exceed 1e-6), and the seeded rows' tokens
-compared across repeated runs, batch compositions, positions and states of torch's global generator.
+compared across repeated runs, batch compositions, positions and states of torch's global generator; an all-seeded
+batch leaves torch's global generator untouched. Chosen random numbers (_chosen_uniforms): when the draw follows a
+usual consumption of generators[i] token for token on ordinary rows (torch.multinomial, an inverse CDF on one float32
+or float64 uniform), seeds are searched whose numbers land in a 4e-4 sliver of 1e-6 tokens next to a 0.9996 peak,
+and, for a float32 inverse CDF, exactly on a cumulative edge; the draw must land there too.
 """
 from __future__ import annotations
 
@@ -669,6 +673,114 @@ def _mass_checks(draw: Callable[..., Any]) -> None:
                  "row: no shortcut to the argmax, no threshold.")
 
 
+# Chosen random numbers. A bias that lives in a sliver of the mass (greedy once a row is peaked, a threshold that
+# drops tiny tokens, a float16 CDF that cannot add 1e-6 to 0.9996, the wrong side of a cumulative edge) shows in a
+# few draws in a million: no count test sees it. So the checker picks the generators' states. torch's random
+# functions are deterministic given a generator's state, so for the usual ways of consuming it (below) it can tell,
+# before calling draw, which token a draw that follows probs returns. On ordinary rows it first finds which of them
+# the learner's draw follows token for token (none: these checks are skipped; the counts above still apply); then it
+# searches seeds whose random numbers land that way in the sliver, and the learner's draw must land there too.
+def _inverse_cdf(p: torch.Tensor, u: float) -> tuple[int, float]:
+    """(token, distance of u * total from its interval's edges) for an inverse CDF in float64."""
+    cdf = p.double().cumsum(0)
+    x = u * float(cdf[-1])
+    j = min(int(torch.searchsorted(cdf, torch.tensor([x], dtype=torch.float64), right=True)), p.numel() - 1)
+    lo = float(cdf[j - 1]) if j else 0.0
+    return j, min(x - lo, float(cdf[j]) - x)
+
+
+_CONSUMPTIONS = {
+    "an inverse CDF on one float32 uniform (torch.rand(1, generator=generators[i]))":
+        lambda p, g: _inverse_cdf(p, float(torch.rand((), generator=g))),
+    "an inverse CDF on one float64 uniform (torch.rand(1, generator=generators[i], dtype=torch.float64))":
+        lambda p, g: _inverse_cdf(p, float(torch.rand((), generator=g, dtype=torch.float64))),
+    "torch.multinomial(probs[i], 1, generator=generators[i])":
+        lambda p, g: (int(torch.multinomial(p, 1, generator=g)[0]), float("inf")),
+}
+_MARGIN = 1e-4            # calibration rows: the uniform is this far from its token's edges (any cumsum agrees)
+
+
+def _consumption(draw: Callable[..., Any]) -> str | None:
+    """Which known way of consuming generators[i] the learner's draw follows on ordinary rows (None: none)."""
+    g = _gen(31)
+    probs = (torch.randn(8, 16, generator=g) * 1.5).softmax(-1)
+    seeds, s = [], 500
+    for row in probs:                      # seeds whose uniforms sit well inside a token (float32 or 64)
+        while any(m < _MARGIN for f in list(_CONSUMPTIONS.values())[:2] for _, m in [f(row, _gen(s))]):
+            s += 1
+        seeds.append(s)
+        s += 1
+    got = _draw(draw, probs, [_gen(x) for x in seeds]).tolist()
+    for name, f in _CONSUMPTIONS.items():
+        if got == [f(row, _gen(x))[0] for row, x in zip(probs, seeds)]:
+            return name
+    return None
+
+
+def _sliver_row() -> tuple[torch.Tensor, torch.Tensor]:
+    """A peaked row: token 0 holds 0.9996, then 400 tokens of 1e-6 each (the sliver: 4e-4 of the mass)."""
+    p = torch.full((401,), 1e-6)
+    p[0] = 1 - 400e-6
+    return p, torch.arange(1, 401)
+
+
+def _chosen_uniforms(draw: Callable[..., Any]) -> None:
+    __tracebackhide__ = True
+    way = _consumption(draw)
+    if way is None:
+        return
+    f = _CONSUMPTIONS[way]
+    p, sliver = _sliver_row()
+    seeds, s = [], 40_000
+    while len(seeds) < 3:                  # seeds whose draw lands in the sliver, 50 tokens from its ends
+        tok, _ = f(p, _gen(s))
+        if 50 <= tok <= 350:
+            seeds.append(s)
+        s += 1
+    got = _draw(draw, p.expand(3, -1).contiguous(), [_gen(x) for x in seeds]).tolist()
+    for x, t in zip(seeds, got):
+        if t not in sliver.tolist():
+            fail(f"on ordinary rows your draw follows {way}, token for token; on a peaked row (token 0 holds "
+                 f"{float(p[0]):.4f}, tokens 1..400 hold 1e-06 each) with generators[i] seeded {x}, that random "
+                 f"number lands among tokens 1..400 (token {f(p, _gen(x))[0]}), but your draw returned token {t} — "
+                 "a sampler that is greedy on peaked rows, drops tiny tokens below a threshold, or adds up the CDF "
+                 "in float16 / bfloat16 (1e-6 vanishes next to 0.9996) never draws these tokens",
+                 Hint("every token comes out with exactly its probability, however small it is and however peaked "
+                      "the row: no shortcut to the argmax, no threshold, no low precision.",
+                      "sum probabilities in float32 or float64 (float16 has 11 bits: 0.9996 + 1e-6 = 0.9996), "
+                      "and take no branch on the row's shape."))
+    if not way.startswith("an inverse CDF on one float32"):
+        return
+    # a cumulative edge exactly on the uniform: token j owns u in [cdf[j-1], cdf[j]), so u == cdf[0] is token 2
+    rows, s = [], 60_000
+    while len(rows) < 3:
+        u = float(torch.rand((), generator=_gen(s)))
+        if 0.05 < u < 0.95:
+            rows.append((s, u))
+        s += 1
+    probs = torch.tensor([[u, 0.0, 1.0 - u] for _, u in rows], dtype=torch.float32)
+    got = _draw(draw, probs, [_gen(x) for x, _ in rows]).tolist()
+    for (x, u), t in zip(rows, got):
+        if t != 2:
+            fail(f"your draw follows {way}; with generators[i] seeded {x} that uniform is u = {u!r}, and the row "
+                 f"probs = [{u!r}, 0.0, {1 - u!r}] has cdf = [{u!r}, {u!r}, 1.0]: u equals cdf[0] exactly, so it "
+                 f"belongs to the next token of nonzero probability, token 2, but your draw returned {t} — token j "
+                 "owns u in [cdf[j-1], cdf[j]): take the first j with cdf[j] > u (searchsorted(..., right=True), "
+                 "`<` not `<=`); the other side gives tokens of probability 0 a chance (u = 0)",
+                 "the edge of a cumulative interval belongs to the token after it: float32 uniforms are multiples "
+                 "of 2^-24, and such a tie happens.")
+
+
+def _global_rng_untouched(draw: Callable[..., Any]) -> None:
+    """A batch whose rows are all seeded must leave torch's global generator where it was."""
+    before = torch.get_rng_state()
+    _draw(draw, torch.full((3, 5), 0.2), [_gen(1), _gen(2), _gen(3)])
+    check(torch.equal(before, torch.get_rng_state()),
+          "every row of the batch had its own generator, yet draw advanced torch's global generator: a seeded row "
+          "must take its random numbers from generators[i] only (the unseeded requests' stream must not depend on "
+          "the seeded ones)", _INDEPENDENCE_HINT)
+
+
 def verify_lab06_2(draw: Callable[..., Any]) -> None:
     with torch.random.fork_rng(devices=[]):              # the notebook's global RNG is left as it was
         _counts_check(draw)
@@ -677,6 +789,8 @@ def verify_lab06_2(draw: Callable[..., Any]) -> None:
         _reproducible(draw)
         _independent(draw)
         _inside_the_sampler_draw(draw)
+        _global_rng_untouched(draw)
+        _chosen_uniforms(draw)
 
 
 def _reproducible(draw: Callable[..., Any]) -> None:

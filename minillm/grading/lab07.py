@@ -24,7 +24,10 @@ follows p_j. A test fails below p = 1e-6; with the sample sizes below every know
 test fails, the counts are compared with each known mistake's exact outcome (`single_step`, closed form) to name
 it. Around the statistics: exact properties hypothesis draws (result types; greedy rows; a perfect draft; k = 0;
 inputs left unmodified; the support of what is emitted) and reproducibility (the same seeded generator gives the
-same tokens whatever torch's global RNG does). lab07_2: the definition as plain loops (reference_find_ngram_draft).
+same tokens whatever torch's global RNG does). Chosen random numbers (_chosen_numbers): when the rule follows a
+usual consumption of the generator token for token on ordinary requests, seeds (and, for u = 0, a crafted Mersenne
+Twister state) are chosen so the bonus / residual draw lands in a sliver of 1e-6 tokens next to a 0.9996 peak, the
+acceptance uniform is exactly 0 for a draft of target probability 0, or just below a ratio float16 rounds. lab07_2: the definition as plain loops (reference_find_ngram_draft).
 """
 from __future__ import annotations
 
@@ -351,6 +354,155 @@ def _reproducibility(rule: Callable[..., Any]) -> None:
              "torch.multinomial(..., generator=None)), nothing else")
 
 
+# Chosen random numbers. A bias in a sliver of the mass (greedy once a row is peaked, a threshold that drops tiny
+# tokens, a float16 CDF), or an acceptance test `u <= ratio` (a draft of target probability 0 accepted when u = 0),
+# shows in a few requests in a million: the counts above cannot see it. torch's random functions are deterministic
+# given a generator's state, so the checker picks the states. It first finds which usual way of consuming the
+# generator the rule follows token for token on ordinary requests (none: these checks are skipped, the statistics
+# still apply): for a rejected draft, an acceptance uniform (float32, float64, or none) then the residual draw (an
+# inverse CDF on one float32 / float64 uniform, or torch.multinomial). Then it searches seeds whose numbers land,
+# that way, in the sliver, and the rule must land there too.
+def _inverse_cdf(p: torch.Tensor, u: float) -> int:
+    cdf = p.double().cumsum(0)
+    x = torch.tensor([u * float(cdf[-1])], dtype=torch.float64)
+    return min(int(torch.searchsorted(cdf, x, right=True)), p.numel() - 1)
+
+
+_PRE = {"no acceptance uniform": None,
+        "a float32 acceptance uniform": lambda g: torch.rand((), generator=g),
+        "a float64 acceptance uniform": lambda g: torch.rand((), generator=g, dtype=torch.float64)}
+_DRAW = {"an inverse CDF on one float32 uniform": lambda r, g: _inverse_cdf(r, float(torch.rand((), generator=g))),
+         "an inverse CDF on one float64 uniform":
+             lambda r, g: _inverse_cdf(r, float(torch.rand((), generator=g, dtype=torch.float64))),
+         "torch.multinomial": lambda r, g: int(torch.multinomial(r, 1, generator=g)[0])}
+
+
+def _predict(pre: str, how: str, r: torch.Tensor, seed: int, k: int) -> int:
+    g = _seeded(seed)
+    if k and _PRE[pre] is not None:
+        _PRE[pre](g)
+    return _DRAW[how](r, g)
+
+
+def _rejected_case(r: torch.Tensor) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """k = 1, draft 0 with target probability 0 (always rejected), one-hot q: the residual is r itself (r[0] = 0)."""
+    V = r.numel()
+    p = torch.stack([r, torch.full((V,), 1.0 / V, dtype=r.dtype)])
+    q = torch.zeros(1, V, dtype=r.dtype)
+    q[0, 0] = 1.0
+    return p, [0], q
+
+
+def _request(r: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    return (r[None], [], r[None][:0]) if k == 0 else _rejected_case(r)
+
+
+def _consumption(rule: Callable[..., Any], k: int) -> tuple[str, str] | None:
+    g = _seeded(41 + k)
+    rows = (torch.randn(8, 16, generator=g, dtype=torch.float64) * 1.5).softmax(-1)
+    rows[:, 0] = 0.0
+    rows = rows / rows.sum(-1, keepdim=True)
+    seeds = list(range(900, 908))
+    got = []
+    for r, s in zip(rows, seeds):
+        p, d, q = _request(r, k)
+        got.append(_call_rule(rule, p, d, q, _seeded(s), lambda: f"{_describe(p, q, d)} (the chosen-numbers check)"))
+    for pre in (_PRE if k else ["no acceptance uniform"]):
+        for how in _DRAW:
+            if all(t == [_predict(pre, how, r, s, k)] for t, r, s in zip(got, rows, seeds)):
+                return pre, how
+    return None
+
+
+_SLIVER_HINT = Hint(
+    "every token the rule emits must come out with exactly its probability (the residual's, the bonus row's), "
+    "however small it is and however peaked the row: no shortcut to the argmax, no threshold, no low precision.",
+    "sum probabilities in float32 or float64 (float16 has 11 bits: 0.9996 + 1e-6 = 0.9996); accept a draft when "
+    "u < min(1, p/q), strictly: a draft of target probability 0 must never be accepted, even with u = 0.")
+
+
+def _crafted(words: list[int], seed: int) -> torch.Generator:
+    """A generator (seeded `seed`) whose next 32-bit outputs are `words` (Mersenne Twister: its state words are the
+    outputs before tempering, so untempering them and rewinding the read position sets what comes next)."""
+    def untemper(y: int) -> int:
+        y ^= y >> 18
+        y ^= (y << 15) & 0xEFC60000
+        t = y
+        for _ in range(5):
+            t = y ^ ((t << 7) & 0x9D2C5680)
+        y = t & 0xFFFFFFFF
+        t = y
+        for _ in range(3):
+            t = y ^ (t >> 11)
+        return t & 0xFFFFFFFF
+    state = _seeded(seed).get_state().clone()
+    raw = state.numpy()                          # the_initial_seed u64, left i32, seeded i32, next u64, state[624] u64
+    mt = raw[24:24 + 624 * 8].view("<u8")
+    for i, w in enumerate(words):
+        mt[i] = untemper(w)
+    raw[8:12].view("<i4")[0] = 624               # no twist before the next read ...
+    raw[16:24].view("<u8")[0] = 0                # ... which starts at state[0]
+    g = torch.Generator()
+    g.set_state(state)
+    return g
+
+
+def _chosen_numbers(rule: Callable[..., Any]) -> None:
+    __tracebackhide__ = True
+    sliver = torch.full((402,), 1e-6, dtype=torch.float64)
+    sliver[0], sliver[1] = 0.0, 1 - 400e-6        # token 1 holds 0.9996, tokens 2..401 hold 1e-6 each (r[0] = 0)
+    for k, what in ((0, "the bonus token of a request with nothing drafted (k = 0)"),
+                    (1, "the token drawn after rejecting draft 0 (target probability 0, one-hot draft_probs): the "
+                        "residual max(p_0 - q_0, 0) is p_0 itself")):
+        way = _consumption(rule, k)
+        if way is None:
+            continue
+        pre, how = way
+        seeds, s = [], 70_000
+        while len(seeds) < 3:
+            if 52 <= _predict(pre, how, sliver, s, k) <= 350:
+                seeds.append(s)
+            s += 1
+        for s in seeds:
+            p, d, q = _request(sliver.float(), k)
+            toks = _call_rule(rule, p, d, q, _seeded(s), lambda: _describe(p, q, d))
+            if not 2 <= toks[-1] <= 401:
+                fail(f"for {what}, your rule follows {how}" + (f" after {pre}" if k else "") + " on ordinary "
+                     f"requests, token for token. On a peaked row (token 1 holds 0.9996, tokens 2..401 hold 1e-06 "
+                     f"each) with a generator seeded {s}, that random number lands among tokens 2..401 (token "
+                     f"{_predict(pre, how, sliver, s, k)}), but your rule emitted {toks[-1]} — a rule that is greedy "
+                     "on peaked rows, drops tiny tokens below a threshold, or sums the CDF in float16 never emits "
+                     "these tokens", _SLIVER_HINT)
+        if k and pre != "no acceptance uniform":      # u = 0 exactly: a draft of target probability 0 stays rejected
+            words = 1 if pre.startswith("a float32") else 2
+            crafted_ok = float(_PRE[pre](_crafted([0] * words, 8))) == 0.0    # False: another state layout, skip
+            for q0 in ([0.0, 1.0, 0.0], [0.25, 0.5, 0.25]) if crafted_ok else ():
+                p = torch.tensor([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64)
+                q = torch.tensor([q0], dtype=torch.float64)
+                toks = _call_rule(rule, p, [1], q, _crafted([0] * words, 8), lambda: _describe(p, q, [1]))
+                if len(toks) > 1:
+                    fail(f"your rule accepted draft 1 although the target gives it probability 0 "
+                         f"({_describe(p, q, [1])}, a generator whose next uniform is exactly 0.0): accept when "
+                         "u < min(1, p/q), strictly — with `u <= p / q` a draft of probability 0 is accepted once "
+                         "in 2^24 float32 uniforms",
+                         _SLIVER_HINT)
+            # u just below p/q = 0.3001 / 0.6 = 0.50017 (float16 rounds it to 0.5): the draft must be accepted
+            p = torch.tensor([[0.2, 0.3001, 0.4999], [0.2, 0.3, 0.5]])
+            q = torch.tensor([[0.1, 0.6, 0.3]])
+            s, hits = 90_000, 0
+            while hits < 2:
+                u = float(_PRE[pre](_seeded(s)))
+                if 0.50003 < u < 0.50014:
+                    hits += 1
+                    toks = _call_rule(rule, p, [1], q, _seeded(s), lambda: _describe(p, q, [1]))
+                    if len(toks) < 2:
+                        fail(f"your rule draws {pre} first; with a generator seeded {s} that uniform is u = {u:.6f}, "
+                             f"below min(1, p_0(1) / q_0(1)) = 0.3001 / 0.6 = {0.3001 / 0.6:.6f}, so draft 1 must be "
+                             f"accepted, but your rule rejected it ({_describe(p, q, [1])}) — the ratio is computed "
+                             "in too low a precision (float16 rounds it to 0.5)", _SLIVER_HINT)
+                s += 1
+
+
 # The exact properties: cases built from a seed (the same case for the same draw).
 
 def _random_rows(g: torch.Generator, rows: int, V: int) -> torch.Tensor:
@@ -444,6 +596,7 @@ def verify_lab07_1(rule: Callable[..., Any]) -> None:
 
         run_property(prop, max_examples=60, hint=_STAT_HINT)
         _reproducibility(rule)
+        _chosen_numbers(rule)
     finally:
         torch.random.set_rng_state(state)
 

@@ -216,6 +216,14 @@ def _int8_case(quantize_int8: Callable[..., Any], w: torch.Tensor) -> None:
     s32 = w.to(torch.float64).abs().max(dim=1).values / 127
     slack = w.to(torch.float64).abs() * (1 / scale.clamp_min(1e-30) - 1 / s32.clamp_min(1e-30)).abs()[:, None]
     codes = qw.qweight.to(torch.int64)
+    zero_rows = (w == 0).all(dim=1)
+    if (codes[zero_rows] != 0).any():
+        r = next(int(i) for i in zero_rows.nonzero().flatten() if (codes[i] != 0).any())
+        c = int((codes[r] != 0).nonzero()[0])
+        fail(f"row {r} of w is all zeros: its scale is 0 and its codes must be 0, but code [{r}, {c}] is "
+             f"{codes[r, c].item()} (a division by a zero scale, or by a stand-in for it, must not leak into the "
+             "codes)",
+             "a row of zeros has scale 0: give it codes 0 (don't divide by zero).")
     ok = _codes_ok(codes, exact, -127, 127, slack) | (scale[:, None] == 0)
     if not ok.all():
         r, c = _where(~ok)
@@ -247,10 +255,14 @@ def verify_lab08_1(quantize_int8: Callable[..., Any]) -> None:
     _int8_case(quantize_int8, torch.cat([torch.zeros(1, 64), _weights(1, 3, 64, 2.0)]))   # an all-zero row
 
     @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 12), k=st.sampled_from([32, 64, 96, 160]),
-           spread=st.sampled_from([0.0, 1.0, 3.0]))
-    @example(seed=3, n=8, k=64, spread=3.0)
-    def prop(seed: int, n: int, k: int, spread: float) -> None:
-        _int8_case(quantize_int8, _weights(seed, n, k, spread))
+           spread=st.sampled_from([0.0, 1.0, 3.0]), zero_row=st.none() | st.integers(0, 11))
+    @example(seed=3, n=8, k=64, spread=3.0, zero_row=None)
+    @example(seed=4, n=3, k=32, spread=1.0, zero_row=2)
+    def prop(seed: int, n: int, k: int, spread: float, zero_row: int | None) -> None:
+        w = _weights(seed, n, k, spread)
+        if zero_row is not None:
+            w[zero_row % n] = 0.0                                                # an all-zero row
+        _int8_case(quantize_int8, w)
 
     run_property(prop, max_examples=25, hint=_INT8_HINT)
 
@@ -334,6 +346,15 @@ def _int4_case(quantize_int4: Callable[..., Any], w: torch.Tensor, g: int) -> No
     inv = lambda s: 1 / s.clamp_min(1e-30)                                       # noqa: E731
     slack = ((w64 - lo.repeat_interleave(g, 1)).abs() * (inv(scale) - inv(span)).abs().repeat_interleave(g, 1)
              + (mins - lo).abs().repeat_interleave(g, 1) * inv(scale).repeat_interleave(g, 1))
+    flat = torch.stack([w64[:, j * g:(j + 1) * g].max(dim=1).values for j in range(k // g)], 1) == lo
+    for r, j in flat.nonzero().tolist():                         # a constant group: scale 0, codes 0
+        nz = (codes[r, j * g:(j + 1) * g] != 0).nonzero().flatten()
+        if len(nz):
+            c = j * g + int(nz[0])
+            fail(f"row {r}, group {j} (columns {j * g}..{(j + 1) * g - 1}) has all its weights equal to "
+                 f"{w[r, j * g].item():.6g}: its scale is 0 and its codes must be 0, but the code of w[{r}, {c}] is "
+                 f"{codes[r, c].item()} after unpacking (a division by a zero scale, or a stand-in for it, must not "
+                 "leak into the codes)", "a group whose values are all equal has scale 0: give it codes 0.")
     ok = _codes_ok(codes, exact, 0, 15, slack) | (scale.repeat_interleave(g, 1) == 0)
     if not ok.all():
         r, c = _where(~ok)
@@ -369,15 +390,22 @@ def verify_lab08_2(quantize_int4: Callable[..., Any]) -> None:
     _int4_case(quantize_int4, far, 32)                                            # fp16(min) rounds above min
     const = _weights(2, 2, 64, 1.0)
     const[0, :32] = 0.125                                                         # a constant group: scale 0
+    const[1, 32:] = 0.0                                                           # an all-zero group
     _int4_case(quantize_int4, const, 32)
     _int4_raises(quantize_int4, 96, 64)
     _int4_raises(quantize_int4, 64, 128)
 
     @given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 8), blocks=st.integers(1, 6),
-           g=st.sampled_from([32, 64, 128]), offset=st.sampled_from([0.0, 0.2, -1.0]))
-    @example(seed=7, n=4, blocks=4, g=64, offset=0.2)
-    def prop(seed: int, n: int, blocks: int, g: int, offset: float) -> None:
-        _int4_case(quantize_int4, _weights(seed, n, blocks * g, 1.0, offset), g)
+           g=st.sampled_from([32, 64, 128]), offset=st.sampled_from([0.0, 0.2, -1.0]),
+           flat=st.none() | st.tuples(st.integers(0, 7), st.integers(0, 5), st.sampled_from([0.0, 0.0, -0.3, 2.5])))
+    @example(seed=7, n=4, blocks=4, g=64, offset=0.2, flat=None)
+    @example(seed=8, n=2, blocks=2, g=32, offset=0.0, flat=(1, 1, 0.0))
+    def prop(seed: int, n: int, blocks: int, g: int, offset: float, flat: tuple | None) -> None:
+        w = _weights(seed, n, blocks * g, 1.0, offset)
+        if flat is not None:                                                     # a constant (or all-zero) group
+            r, j, v = flat
+            w[r % n, (j % blocks) * g:(j % blocks + 1) * g] = v
+        _int4_case(quantize_int4, w, g)
 
     run_property(prop, max_examples=25, hint=_INT4_HINT)
 

@@ -650,6 +650,9 @@ def verify_lab09_3(cls) -> None:
     # bfloat16 in, bfloat16 out (and on the wire): a rule that upcasts to float32 doubles the all-reduce
     _column_case(rules, groups(2), 2, 2, 2, True, 7, dtype=torch.bfloat16)
     _row_case(rules, groups(2), 2, 2, 2, True, 8, dtype=torch.bfloat16)
+    # float16 too, without a bias (a rule that upcasts "unsafe" float16 only, or only where there is no bias)
+    _column_case(rules, groups(2), 2, 3, 2, False, 9, dtype=torch.float16)
+    _row_case(rules, groups(2), 2, 2, 2, False, 10, dtype=torch.float16)
 
     @given(world=st.sampled_from([2, 3, 4]), tokens=st.integers(1, 5), a=st.integers(1, 4), c=st.integers(1, 5),
            bias=st.booleans(), seed=st.integers(0, 2**31 - 1))

@@ -311,6 +311,15 @@ NFA_PROBES = (
                         "─ε─► leave, body end ─ε─► body start, enter ─ε─► leave), so that nothing but the loop's own "
                         "back edge leaves the body's end"),
     ("(?:a|b*)*c", "bbac", "a loop inside an alternation inside a loop: the outer loop repeats whole options"),
+    # a loop whose body STARTS with a loop: an outer skip edge that leaves from the body's start (no enter state
+    # of its own) is also reachable after the inner loop went round, so the text may stop inside a copy
+    ("(?:b*a)*", "b", "a loop whose body starts with a loop: wrap every loop in its own enter and leave states (enter "
+                      "─ε─► body ─ε─► leave, body end ─ε─► body start, enter ─ε─► leave): the skip edge must leave "
+                      "from the loop's own enter state, which nothing inside the body leads back to"),
+    ("(?:a*b*)*c", "abac", "a loop of loops: the outer loop repeats any mix of a's and b's"),
+    ("(?:a|)*b", "aab", "a loop whose body can match the empty text (an epsilon cycle): still a loop"),
+    ("(?:(?:a*)?)*b", "b", "an optional loop inside a loop: epsilon cycles must not stop the match"),
+    ("(?:)*", "", "a loop of the empty pattern matches only the empty text"),
     ("中", "中", "中 is U+4E2D: three bytes in UTF-8, E4 B8 AD"),
     ("é", "é", "é is U+00E9: two bytes in UTF-8, C3 A9"),
     ("é", b"\xe9", "the single byte E9 is é in Latin-1, not in UTF-8 (C3 A9): it is not valid UTF-8"),

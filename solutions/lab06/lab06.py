@@ -198,7 +198,10 @@ from minillm.grading.lab06 import check_lab06_1; check_lab06_1(process_logits)
 # Hints: every random function of torch takes `generator=` (`torch.multinomial`, `torch.rand`,
 # `Tensor.exponential_`); `torch.multinomial(p, 1)` returns a tensor of shape `[1]` for a vector `p` and
 # `[B, 1]` for a matrix. The checker counts thousands of your draws against `probs` (chi-square tests), and
-# moves seeded rows around batches.
+# moves seeded rows around batches. Exactly means exactly: a token of probability 1e-6 next to one of 0.9996 must
+# come out too, and a uniform `u` that falls exactly on a cumulative sum belongs to the NEXT token (token `j` owns
+# `u` in `[cdf[j-1], cdf[j])`). For the usual ways of drawing (`torch.multinomial`, an inverse CDF on one
+# `torch.rand`), the checker picks generator states whose random numbers land on such rare tokens and edges.
 
 # %% nbgrader="answer"
 def draw(probs, generators):

@@ -216,7 +216,10 @@ print(engine_spec.spec.stats)
 #
 # Why this rule, and not "keep a guess if the target likes it"? Because the emitted token must have
 # distribution exactly `p_j` — the checker measures that with a chi-square test on thousands of requests, and
-# the histogram below shows what goes wrong otherwise.
+# the histogram below shows what goes wrong otherwise. Exactly means exactly: for the usual ways of drawing
+# (`torch.rand` then `torch.multinomial` or an inverse CDF), the checker also picks generator states whose random
+# numbers land on rare tokens (1e-6 next to 0.9996) or exactly on 0, where a draft of target probability 0 must
+# still be rejected (`u < min(1, p/q)`, strictly).
 #
 # <details><summary>Hint: the two random draws</summary>
 #
