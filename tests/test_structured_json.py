@@ -182,12 +182,32 @@ def test_refs_defs_and_json_object():
     ({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}, "recursive"),
     ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "single-schema"),
     ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "no schema"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "set it to false"),
+    ({"properties": {"a": {}}, "additionalProperties": {"type": "integer"}}, "only the listed properties"),
+    ({"type": "object", "additionalProperties": 3}, "true, false or a schema"),
     (False, "false"),
     ([1], "object"),
 ])
 def test_unsupported_or_broken_schemas_name_the_problem(schema, words):
     with pytest.raises(SchemaError, match=words):
         schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "additionalProperties": False},                  # exactly {}
+    {"type": "object", "additionalProperties": {"type": "integer"}},    # any keys, integer values
+    {"additionalProperties": {"enum": ["x", None]}},
+    {"type": "object", "properties": {"a": {"type": "boolean"}}, "additionalProperties": False},
+])
+def test_additional_properties_mean_what_json_schema_says(schema):
+    """A differential check against jsonschema: what the DFA accepts validates, and valid texts are accepted."""
+    dfa = compile_regex(schema_to_regex(schema))
+    texts = ["{}", '{"x":1}', '{"x":"s"}', '{"a":true}', '{"x":1,"y":2}', '{"x":null}', '{"x":"x"}', '{"a":1}']
+    for text in texts:
+        valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+        assert dfa.matches(text) is valid, (schema, text)
+    for text in random_matches(dfa, random.Random(1), 20):
+        jsonschema.validate(json.loads(text), schema)
 
 
 def test_params_compile_each_mode():

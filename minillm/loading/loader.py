@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -11,7 +11,7 @@ import torch
 from minillm.calibration.smoothquant import attach, calibrate_cached
 from minillm.config import ModelConfig
 from minillm.distributed.sharding import check_tp_size
-from minillm.loading.default_model import default_model_path
+from minillm.loading.default_model import DEFAULT_SAMPLING, default_model_path
 from minillm.loading.errors import ModelLoadError
 from minillm.loading.gguf_file import GGUFFile
 from minillm.loading.sources import GGUFSource, SafetensorsSource
@@ -30,6 +30,8 @@ class LoadedModel:
     tokenizer: "Tokenizer"  # noqa: F821
     config: ModelConfig
     path: Path
+    # the checkpoint's recommended sampling settings (SamplingParams field -> value; empty: none recorded)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -82,7 +84,57 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
         raise ModelLoadError(str(e)) from None
     if wants_calibration(model) and whole:   # W8A8 copies for batched steps (MINILLM_QGEMM_BATCHED=w8a8)
         attach(model, calibrate_cached(model, tok, path, progress))
-    return LoadedModel(model, tok, cfg, path)
+    return LoadedModel(model, tok, cfg, path, sampling_defaults(path))
+
+
+# GGUF's general.sampling.* keys and Hugging Face's generation_config.json fields -> SamplingParams fields
+_GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                  "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p"}
+_HF_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                "repetition_penalty": "repetition_penalty"}
+
+
+def sampling_defaults(spec: str | Path = "default") -> dict[str, float]:
+    """The sampling settings the checkpoint recommends: a GGUF file's general.sampling.* metadata, a Hugging Face
+    directory's generation_config.json, else (the default model, whose file records none) its model card's."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        gen = path / "generation_config.json"
+        raw = _read_json_file(gen) if gen.is_file() else {}
+        found = {ours: raw[theirs] for theirs, ours in _HF_SAMPLING.items() if isinstance(raw.get(theirs), (int, float))}
+    else:
+        md = GGUFFile.open(path).metadata
+        found = {ours: md[key] for key, ours in _GGUF_SAMPLING.items() if isinstance(md.get(key), (int, float))}
+    if not found and path == _default_path_or_none():
+        found = dict(DEFAULT_SAMPLING)
+    return {k: (int(v) if k == "top_k" else float(v)) for k, v in found.items()}
+
+
+def _default_path_or_none() -> Path | None:
+    try:
+        return default_model_path()
+    except ModelLoadError:
+        return None
+
+
+def _read_json_file(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}): restore the file from the model's source "
+                             "(a truncated download?)") from None
+    return raw if isinstance(raw, dict) else {}
+
+
+def peek_tokenizer(spec: str | Path = "default"):
+    """The model's shapes and tokenizer without reading its weights (to check a prompt against --max-model-len
+    before the load): a GGUF file's header is memory-mapped, a directory's tokenizer.json read."""
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        cfg, _, tok = _read_hf_dir(path)
+        return cfg, tok
+    gf = GGUFFile.open(path)
+    return _gguf_config(gf), Tokenizer.from_gguf(gf.metadata)
 
 
 def peek_config(spec: str | Path = "default") -> ModelConfig:

@@ -1,7 +1,8 @@
 """JSON Schema -> one regex of minillm's subset, whose every full match is JSON that validates against the schema.
 
 The regex describes the JSON *text*: strings with JSON escapes, numbers in JSON's grammar, objects with their
-properties in schema order (optional ones may be left out, no others appear), arrays with their length bounds.
+properties in schema order (optional ones may be left out, no others appear: additionalProperties other than
+false next to properties is refused), arrays with their length bounds.
 Whitespace between tokens is one regex (`whitespace`, default "[ ]?": at most one space). A regex cannot nest
 without bound, so the free-form parts ({} / true, "type": "object" without properties, json_object mode) allow
 values nested MAX_FREE_DEPTH deep. Keywords that constrain values in ways we do not compile (minimum,
@@ -207,9 +208,21 @@ class _Compiler:
         if missing:
             raise SchemaError(f"required property {missing[0]!r} at {path} has no schema in properties: add it "
                               "to properties")
-        if not props:
-            return self._free_object(MAX_FREE_DEPTH)
         ws = self.ws
+        extra = s.get("additionalProperties", True)
+        if not isinstance(extra, (bool, dict)):
+            raise SchemaError(f"additionalProperties at {path} must be true, false or a schema")
+        if not props:
+            if extra is False:                                        # no properties at all: the empty object
+                return rf"\{{{ws}\}}"
+            if extra is True or not extra:
+                return self._free_object(MAX_FREE_DEPTH)
+            member = f'"{STRING_CHAR}*"{ws}:{ws}{self.value(extra, f"{path}/additionalProperties")}'
+            return self._seq(r"\{", r"\}", member, 0, None)        # every value validates against the schema
+        if "additionalProperties" in s and extra is not False:
+            raise SchemaError(f"additionalProperties {json.dumps(extra)[:60]} next to properties at {path} is not "
+                              "supported: minillm's outputs hold only the listed properties (and every such output "
+                              "validates); drop additionalProperties or set it to false")
         items = [f'{self._literal(k, path)}{ws}:{ws}{self.value(v, f"{path}/properties/{k}")}'
                  for k, v in props.items()]
         req = [k in required for k in props]
