@@ -12,8 +12,11 @@ Run nbgrader from the repository root (it reads this file only from the current 
 The gradebook and the exchange live in a throwaway temp folder by default (this is a self-study course, not a
 class roster); set MINILLM_NBGRADER_DIR to keep them somewhere permanent.
 """
+import importlib.util
 import os
 import tempfile
+
+import nbgrader
 
 c = get_config()  # noqa: F821 — provided by nbgrader when it loads this file
 
@@ -32,6 +35,17 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
                             "lab[0-9][0-9].py"]
 
 c.Exchange.root = os.path.join(_state, "exchange")
+
+# Feedback (`nbgrader generate_feedback`) names each graded cell by its task's title, "lab06_2 · draw: one token per
+# row, ...", where nbgrader's own page says "Test cell": minillm/grading/templates/feedback_titled/ extends nbgrader's
+# feedback template (found in nbgrader's folder, as nbgrader itself would), and the title is in each graded cell's
+# metadata (tools/build_notebooks.py). Found through the installed minillm, so a copy of this file works anywhere.
+c.HTMLExporter.template_name = "feedback_titled"
+c.HTMLExporter.template_file = "feedback_titled.html.j2"
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"),
+    os.path.join(os.path.dirname(importlib.util.find_spec("minillm").origin), "grading", "templates"),
+]
 
 # Labs load a real model and run hypothesis properties: the 30 s default per cell is too short.
 c.Execute.timeout = 600

@@ -7,9 +7,11 @@
 #               server flags, e.g. make lab LAB_ARGS="--no-browser --ip 0.0.0.0 --port 8888"
 #   make instructor  JupyterLab on the repository with nbgrader's instructor tools (create assignment, formgrader)
 #
-# mk/jupyter/settings/overrides.json (installed as the venv's JupyterLab settings overrides) opens Markdown files in
-# the rendered preview; mk/jupyter/learner/ is the learner's extra Jupyter config dir: its page_config.json hides
-# nbgrader's instructor plugins (validate stays), and the formgrader server extension is switched off.
+# mk/jupyter/settings/overrides.json (installed as the venv's JupyterLab settings overrides, <app dir>/settings, where
+# JupyterLab reads them) opens Markdown files in the rendered preview and turns off the "Jupyter news?" pop-up and the
+# update check (no requests to jupyter.org); mk/jupyter/learner/ is the learner's extra Jupyter config dir: its
+# page_config.json hides nbgrader's instructor plugins (validate stays), and the formgrader server extension is
+# switched off.
 
 LAB_ARGS ?= --no-browser
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -14,6 +14,7 @@ Driven by the list of lab folders (solutions/labNN), so a new lab is covered the
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shutil
@@ -101,6 +102,138 @@ def test_graded_cells_are_one_line_calls_of_existing_checkers(lab):
     assert len(answers) >= len(cells) and all("### BEGIN SOLUTION" in c.source for c in answers)
     assert (ROOT / "tests" / f"test_grading_{lab}.py").is_file(), \
         f"tests/test_grading_{lab}.py must prove the reference passes and wrong implementations fail"
+
+
+NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for d in ("solutions", "labs") for p in (ROOT / d).glob("lab*/lab*.ipynb"))
+
+
+def kernel_metadata() -> tuple[dict, dict]:
+    """What JupyterLab writes into a notebook once its kernel connects: the installed python3 kernelspec's name,
+    display name and language, and ipykernel's language_info (its kernel_info reply)."""
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return ({"display_name": spec.display_name, "language": spec.language, "name": "python3"},
+            dict(IPythonKernel.language_info))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS)
+def test_notebooks_open_and_save_unchanged(path, tmp_path):
+    """Opening a generated notebook and saving it without an edit changes nothing: Jupyter's contents manager reads
+    and writes it back byte for byte, and the metadata JupyterLab fills in when a kernel connects (kernelspec,
+    language_info) is already there, as the kernel reports it (only the Python version may differ: the learner's
+    copy gets this machine's, test_workspace_copy_names_this_python)."""
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+    from nbformat.sign import NotebookNotary
+    shutil.copy(ROOT / path, tmp_path / "nb.ipynb")
+    cm = FileContentsManager(root_dir=str(tmp_path))
+    cm.notary = NotebookNotary(db_file=":memory:")
+    cm.save(cm.get("nb.ipynb"), "nb.ipynb")
+    assert (tmp_path / "nb.ipynb").read_bytes() == (ROOT / path).read_bytes(), f"{path} changes when saved unedited"
+    nb = nbformat.read(ROOT / path, as_version=4)
+    kernelspec, language_info = kernel_metadata()
+    assert nb.metadata["kernelspec"] == kernelspec
+    written = dict(nb.metadata["language_info"])
+    assert re.fullmatch(r"3\.\d+\.\d+\S*", written.pop("version")), nb.metadata["language_info"]
+    language_info.pop("version")
+    assert written == language_info
+    assert nb.nbformat == 4 and nb.nbformat_minor == nbformat.v4.nbformat_minor
+    assert all(c.get("id") for c in nb.cells) and len({c.id for c in nb.cells}) == len(nb.cells)
+
+
+def test_workspace_copy_names_this_python(tmp_path):
+    """The learner's copy (`make lab` -> build_notebooks.py --workspace) records the Python that runs it, so the
+    kernel's language_info equals the notebook's and JupyterLab opens it without unsaved changes; nothing else in
+    the copy differs from labs/."""
+    (tmp_path / "labs" / "lab00").mkdir(parents=True)
+    shutil.copy(ROOT / "labs" / "lab00" / "lab00.ipynb", tmp_path / "labs" / "lab00" / "lab00.ipynb")
+    nb = nbformat.read(tmp_path / "labs" / "lab00" / "lab00.ipynb", as_version=4)
+    nb.metadata["language_info"]["version"] = "3.0.1"                   # as if labs/ were built on another Python
+    nbformat.write(nb, tmp_path / "labs" / "lab00" / "lab00.ipynb")
+    assert bn.workspace(tmp_path) == [tmp_path / "work" / "lab00" / "lab00.ipynb"]
+    mine = nbformat.read(tmp_path / "work" / "lab00" / "lab00.ipynb", as_version=4)
+    kernelspec, language_info = kernel_metadata()
+    assert mine.metadata["kernelspec"] == kernelspec and mine.metadata["language_info"] == language_info
+    assert mine.cells == nb.cells
+    text = (tmp_path / "work" / "lab00" / "lab00.ipynb").read_text()
+    assert text == nbformat.writes(nbformat.reads(text, as_version=4)) + "\n"
+
+
+def test_a_build_keeps_the_recorded_python_version(tmp_path):
+    """Building on another Python is no change to the course: the version already recorded stays."""
+    (tmp_path / "solutions" / "lab00").mkdir(parents=True)
+    shutil.copy(ROOT / "solutions" / "lab00" / "lab00.py", tmp_path / "solutions" / "lab00" / "lab00.py")
+    assert bn.build_lab("lab00", tmp_path)                                  # first build: this interpreter's
+    built = tmp_path / "solutions" / "lab00" / "lab00.ipynb"
+    assert json.loads(built.read_text())["metadata"]["language_info"]["version"] == bn.python_version()
+    built.write_text(built.read_text().replace(f'"version": "{bn.python_version()}"', '"version": "3.99.1"'))
+    assert not bn.build_lab("lab00", tmp_path, check=True)
+    assert json.loads(built.read_text())["metadata"]["language_info"]["version"] == "3.99.1"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_graded_cells_carry_their_tasks_title(lab):
+    """Each graded cell names its task as the lab's heading does ("## Task K — title (N points)"), for nbgrader's
+    feedback page; nbgrader's release keeps it."""
+    for path in (ROOT / "solutions" / lab / f"{lab}.ipynb", ROOT / "labs" / lab / f"{lab}.ipynb"):
+        if not path.is_file():
+            pytest.skip(f"{path.relative_to(ROOT)} is not built yet")
+        nb = nbformat.read(path, as_version=4)
+        headings = dict(bn.TASK_RE.findall("\n".join(c.source for c in nb.cells if c.cell_type == "markdown")))
+        for c in graded(nb):
+            gid = c.metadata["nbgrader"]["grade_id"]
+            title = headings[gid.rsplit("_", 1)[1]].replace("`", "")
+            assert c.metadata["minillm"]["title"] == f"{gid} · {title}", path
+
+
+def test_a_graded_cell_without_a_task_heading_is_refused(tmp_path):
+    src = tmp_path / "lab00.py"
+    text = (ROOT / "solutions" / "lab00" / "lab00.py").read_text()
+    src.write_text(text.replace("# ## Task 2 — ", "# ## Step 2 — "))
+    with pytest.raises(bn.SourceError, match="lab00_2 is not under a markdown heading"):
+        bn.build_notebook(src)
+
+
+def feedback_html(nb) -> str:
+    """nbgrader's feedback page for `nb`, rendered as `nbgrader generate_feedback` renders it: the HTML exporter
+    configured by this course's nbgrader_config.py (and the stylesheet folder nbgrader adds)."""
+    import nbgrader
+    from nbconvert import HTMLExporter
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    config.HTMLExporter.extra_template_paths = [str(Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
+                                                    / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
+    for c in graded(nb):
+        c.metadata["nbgrader"]["score"] = 0
+    html, _ = HTMLExporter(config=config).from_notebook_node(
+        nb, resources={"nbgrader": {"notebook": "lab06", "score": 0, "max_score": 7, "late_penalty": 0}})
+    return html
+
+
+def test_feedback_names_each_task_by_its_title():
+    """nbgrader's own template says "Test cell" for every task; the course's names it."""
+    nb = nbformat.read(ROOT / "labs" / "lab06" / "lab06.ipynb", as_version=4)
+    html = feedback_html(nb)
+    toc = re.findall(r'<li><a href="#(lab06_\d)">(.*?)</a>', html)
+    assert toc == [("lab06_1", "lab06_1 · process_logits: one batch, one setting per row"),
+                   ("lab06_2", "lab06_2 · draw: one token per row, each row with its own generator")], toc
+    assert "Test cell" not in html and "Grade cell" not in html
+    assert html.count('<span class="nbgrader-label">lab06_2 · draw: one token per row') == 1   # the cell's heading
+    assert "Student&#39;s answer" in html or "Student's answer" in html                       # the rest as nbgrader's
+    for c in graded(nb):                        # a notebook without titles (made elsewhere) keeps nbgrader's labels
+        del c.metadata["minillm"]
+    assert feedback_html(nb).count(">Test cell</a>") == 2
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_figures_are_one_call_each(lab):
+    """The labs draw no figure themselves: each is one call of minillm.plots (tests/test_plots.py checks those)."""
+    path = ROOT / "solutions" / lab / f"{lab}.py"
+    if not path.is_file():
+        pytest.skip("hand-made notebook without a jupytext source")
+    code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    drawing = [line for line in code if re.search(r"\bplt\.|\bmatplotlib\b|\bax\d?\.|\baxes\b|\.subplots\(", line)]
+    assert not drawing, f"{lab} draws a figure itself (move it to minillm/plots.py):\n" + "\n".join(drawing)
 
 
 def check_release_in_sync(lab: str, course: Path) -> None:
@@ -259,6 +392,9 @@ def check_wrong_lab00(course: Path) -> None:
         verdict[2].startswith("Hint (1/3): "), verdict
     html = (course / "feedback" / "wrong" / "lab00" / "lab00.html").read_text()
     assert "Smallest failing example: roofline_time(flops=" in html
+    # each task by its title, with its score (nbgrader's own page says "Test cell" for all three)
+    assert re.search(r'<a href="#lab00_3">lab00_3 · the roofline bound</a> \(Score: 0\.0 / 2\.0\)', html), html[:3000]
+    assert "lab00_1 · FLOPs and bytes of one linear layer" in html and "Test cell" not in html
     assert "minillm/grading" not in html and "site-packages" not in html
 
 
@@ -337,6 +473,32 @@ def test_learner_jupyterlab_hides_instructor_tools_and_renders_markdown():
     assert overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"] == {"markdown": "Markdown Preview"}
     mk = (ROOT / "mk/course.mk").read_text()
     assert "JUPYTER_CONFIG_PATH=$(abspath mk/jupyter/learner)" in mk and "formgrader': False" in mk
+
+
+def test_learner_jupyterlab_asks_no_news_and_checks_no_updates(tmp_path):
+    """`make lab` installs mk/jupyter/settings/overrides.json where its JupyterLab reads settings overrides (the app
+    dir's settings/ of the venv that runs it), and the file turns off the news pop-up and the update check, in terms
+    the installed JupyterLab's schema accepts."""
+    import jsonschema
+    from jupyterlab.labapp import LabApp
+    from jupyterlab_server.settings_utils import _get_overrides
+    mk = (ROOT / "mk/course.mk").read_text()
+    assert "LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json" in mk
+    assert re.search(r"^lab: .*\$\(LAB_SETTINGS\)", mk, re.M) and re.search(r"^instructor: .*\$\(LAB_SETTINGS\)", mk, re.M)
+    assert re.search(r"^\$\(LAB_SETTINGS\): mk/jupyter/settings/overrides.json", mk, re.M)
+    assert Path(LabApp().app_settings_dir) == Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings"
+    # JupyterLab's own reader, on a folder laid out as the make rule lays it out
+    shutil.copy(ROOT / "mk/jupyter/settings/overrides.json", tmp_path / "overrides.json")
+    overrides, error = _get_overrides(str(tmp_path))
+    assert not error, error
+    notification = overrides["@jupyterlab/apputils-extension:notification"]
+    assert notification == {"fetchNews": "false", "checkForUpdates": False}
+    schemas = Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas"
+    for plugin, values in overrides.items():
+        package, name = plugin.split(":")
+        schema = json.loads((schemas / package / f"{name}.json").read_text())
+        jsonschema.validate(values, schema)                     # names and values this JupyterLab knows
+        assert set(values) <= set(schema["properties"]), plugin
 
 
 @pytest.mark.slow

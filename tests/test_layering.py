@@ -5,7 +5,7 @@ The floors, bottom to top (README "Layout" and ../shared/DESIGN.md say the same 
 
     interfaces, config  <  catalog  <  quant  <  kernels, distributed  <  kv  <  layers  <  models  <  calibration
     <  loading  <  worker  <  structured  <  sampling  <  spec_decode  <  engine  <  executor  <  llm, cli_args
-    <  serve  <  bench, fleet  <  verdict  <  testing  <  grading, quiz  <  cli
+    <  serve, plots  <  bench, fleet  <  verdict  <  testing  <  grading, quiz  <  cli
     <  __main__ and the package's face (__init__)
 
 A module may import its own package and any package on a lower floor; two packages on one floor stay independent.
@@ -38,7 +38,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("engine",),
     ("executor",),
     ("llm", "cli_args"),
-    ("serve",),
+    ("serve", "plots"),
     ("bench", "fleet"),
     ("verdict",),
     ("testing",),

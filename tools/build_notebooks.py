@@ -11,7 +11,10 @@ The .py files are the single source of truth (readable diffs). A cell header car
                                           `from minillm.grading.labNN import check_labNN_K; check_labNN_K(name)`;
                                           its grade_id is labNN_K (taken from the call)
 
-Answer cells get grade_id labNN_K_answer (K from the next graded cell), read-only cells labNN_readonly_I.
+Answer cells get grade_id labNN_K_answer (K from the next graded cell), read-only cells labNN_readonly_I. A graded
+cell sits under a markdown heading `## Task K — title (N points)`; "labNN_K · title" goes into its metadata
+({"minillm": {"title": ...}}), and nbgrader's feedback names the task by it. The notebook's metadata is written as
+JupyterLab would write it (kernelspec, ipykernel's language_info), so a notebook opens without unsaved changes.
 This script checks the conventions (unique ids, one-line graded calls, a solution in every answer cell,
 every task answered) and fails loudly when a source breaks them.
 
@@ -42,8 +45,25 @@ LAB_RE = re.compile(r"^lab\d\d$")
 # A graded cell imports its checker afresh (an answer cell may have rebound the name) and calls it on the answer.
 GRADED_RE = re.compile(r"^from minillm\.grading\.(?P<lab>lab\d\d) import check_(?P<id>lab\d\d_\d+); "
                        r"check_(?P=id)\([A-Za-z_][A-Za-z_0-9.]*\)$")
+# A notebook's metadata as JupyterLab writes it once a kernel connects: the python3 kernelspec, and the language_info
+# of ipykernel's kernel_info reply. Anything less and JupyterLab fills it in on open, so every notebook opens with
+# unsaved changes (a learner asked "save?" before touching anything). Only the version depends on the machine.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 SCHEMA = 3
+# "## Task 2 — `draw`: one token per row, each row with its own generator (3 points)": the task's title
+TASK_RE = re.compile(r"^## Task (?P<k>\d+) — (?P<title>.+?)(?: \(\d+(?:\.\d+)? points?\))?\s*$", re.M)
+
+
+def python_version() -> str:
+    """This interpreter's version as ipykernel reports it (`sys.version.split()[0]`, e.g. 3.11.7)."""
+    return sys.version.split()[0]
+
+
+def language_info(version: str | None = None) -> dict:
+    """ipykernel's language_info (its kernel_info reply) for Python `version` (default: this interpreter's)."""
+    return {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+            "pygments_lexer": "ipython3", "version": version or python_version()}
 
 
 class SourceError(ValueError):
@@ -70,15 +90,15 @@ def _nbgrader_meta(role: str, grade_id: str, points: float | None = None) -> dic
     return base
 
 
-def build_notebook(py_path: Path):
-    """Read a percent-format source and return the nbgrader-ready notebook (a NotebookNode)."""
+def build_notebook(py_path: Path, python: str | None = None):
+    """Read a percent-format source and return the nbgrader-ready notebook (a NotebookNode); `python` is the Python
+    version its language_info names (default: this interpreter's)."""
     import jupytext
     import nbformat
     lab = py_path.stem
     src = jupytext.read(py_path, fmt="py:percent")
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": dict(KERNELSPEC),
-                   "language_info": {"name": "python", "pygments_lexer": "ipython3"}}
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": language_info(python)}
     cells = list(src.cells)
     # grade ids of graded cells first, so answer cells can take the id of the task they precede
     graded_ids: dict[int, str] = {}
@@ -98,7 +118,11 @@ def build_notebook(py_path: Path):
         raise SourceError(f"{py_path}: no graded cells")
     seen_answer: dict[str, int] = {}
     readonly = 0
+    heading: tuple[str, str] | None = None            # the last "## Task K — title" seen: (K, title)
     for idx, cell in enumerate(cells):
+        if cell.cell_type == "markdown":
+            found = TASK_RE.findall(cell.source)
+            heading = found[-1] if found else heading
         role = cell.metadata.pop("nbgrader", None)
         points = cell.metadata.pop("points", None)
         for junk in ("lines_to_next_cell", "title", "cell_marker", "lines_to_end_of_cell_marker"):
@@ -118,6 +142,12 @@ def build_notebook(py_path: Path):
                 raise SourceError(f"{py_path}: graded cell {graded_ids[idx]} needs points=N (N > 0)")
             new.metadata["nbgrader"] = _nbgrader_meta("graded", graded_ids[idx], points)
             new.id = graded_ids[idx]
+            k = graded_ids[idx].rsplit("_", 1)[1]
+            if heading is None or heading[0] != k:
+                raise SourceError(f"{py_path}: graded cell {graded_ids[idx]} is not under a markdown heading "
+                                  f"`## Task {k} — title (N points)`")
+            # nbgrader's feedback names a graded cell by this title (minillm/grading/templates/feedback_titled)
+            new.metadata["minillm"] = {"title": f"{graded_ids[idx]} · {heading[1].replace('`', '')}"}
         elif role == "answer":
             task = next((graded_ids[j] for j in sorted(graded_ids) if j > idx), None)
             if task is None:
@@ -150,13 +180,24 @@ def notebook_text(nb) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def recorded_python(ipynb: Path) -> str | None:
+    """The Python version a built notebook's language_info names (None when there is no such notebook)."""
+    try:
+        version = json.loads(ipynb.read_text())["metadata"]["language_info"]["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, str) and re.fullmatch(r"\d+\.\d+\.\d+\S*", version) else None
+
+
 def build_lab(lab: str, root: Path = ROOT, check: bool = False) -> bool:
-    """Write solutions/<lab>/<lab>.ipynb from its .py; returns True when the file changed (or would)."""
+    """Write solutions/<lab>/<lab>.ipynb from its .py; returns True when the file changed (or would).
+    The Python version in language_info stays the one the notebook already records (a build on another Python is
+    not a change to the course); a learner's copy gets the version of the Python that runs it (`workspace`)."""
     d = root / "solutions" / lab
     py, ipynb = d / f"{lab}.py", d / f"{lab}.ipynb"
     if not py.is_file():
         return False  # a hand-made notebook without a .py source: nothing to build
-    text = notebook_text(build_notebook(py))
+    text = notebook_text(build_notebook(py, recorded_python(ipynb)))
     old = ipynb.read_text() if ipynb.is_file() else None
     if old == text:
         return False
@@ -212,7 +253,10 @@ def back_up(paths: list[Path], root: Path = ROOT) -> Path:
 
 
 def workspace(root: Path = ROOT) -> list[Path]:
-    """Copy labs/ into work/ where work/ lacks a file; never overwrite one (it is the learner's). Returns the copies."""
+    """Copy labs/ into work/ where work/ lacks a file; never overwrite one (it is the learner's). Returns the copies.
+    A notebook's language_info names this interpreter's Python (the kernel `make lab` starts), so JupyterLab finds
+    nothing to fill in and the notebook opens without unsaved changes."""
+    import nbformat
     made = []
     for src in sorted((root / "labs").rglob("*")):
         rel = src.relative_to(root / "labs")
@@ -220,6 +264,11 @@ def workspace(root: Path = ROOT) -> list[Path]:
         if src.is_file() and ".ipynb_checkpoints" not in rel.parts and not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
+            if src.suffix == ".ipynb":
+                nb = nbformat.read(src, as_version=nbformat.NO_CONVERT)
+                if nb.metadata.get("language_info", {}).get("name") == "python":
+                    nb.metadata["language_info"] = language_info()
+                    dest.write_text(notebook_text(nb))
             made.append(dest)
     return made
 

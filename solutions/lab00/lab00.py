@@ -32,9 +32,9 @@
 import math
 import time
 
-import matplotlib.pyplot as plt
 import torch
 
+from minillm import plots
 from minillm.bench.decode import measure_bandwidth, time_decode, time_prefill
 from minillm.engine.llm_engine import LLMEngine
 from minillm.loading.loader import load_model
@@ -65,16 +65,7 @@ for name, p in model.named_parameters():
     kind = {"embed_tokens": "embedding = LM head (tied)", "input_layernorm": "norms",
             "post_attention_layernorm": "norms", "norm": "norms"}.get(kind, kind)
     groups[kind] = groups.get(kind, 0) + p.numel() * p.element_size()
-fig, ax = plt.subplots(figsize=(7, 2.8))
-names = sorted(groups, key=groups.get)
-ax.barh(names, [groups[n] / 1e6 for n in names], color="tab:blue")
-for i, n in enumerate(names):
-    ax.text(groups[n] / 1e6, i, f" {groups[n] / 1e6:.1f} MB", va="center")
-ax.set_xlabel("MB of float32 weights (all 30 layers)")
-ax.set_title("SmolLM2-135M: what a decode step has to read")
-ax.set_xlim(0, max(groups.values()) / 1e6 * 1.25)
-plt.tight_layout()
-plt.show()
+plots.weight_bytes(groups)
 
 # %% [markdown]
 # ## Task 1 — FLOPs and bytes of one linear layer (2 points)
@@ -228,18 +219,7 @@ for label, T, f, b, secs in points:
     print(f"{label:<12} {T:>6} {f / 1e9:>8.2f} {b / 1e6:>7.0f} {f / b:>7.1f} {1000 * bound:>9.1f} "
           f"{1000 * secs:>12.1f} {T / secs:>8.0f}")
 
-fig, ax = plt.subplots(figsize=(7, 4.2))
-ai = [10 ** (x / 20) for x in range(-20, 61)]
-ax.loglog(ai, [min(peak_flops, a * bandwidth) / 1e9 for a in ai], "k-", label="roofline: min(peak, intensity × bandwidth)")
-for label, T, f, b, secs in points:
-    ax.loglog(f / b, f / secs / 1e9, "o", ms=8, label=f"{label}: {T / secs:.0f} tok/s")
-ax.axvline(peak_flops / bandwidth, color="gray", ls=":", lw=1)
-ax.set_xlabel("arithmetic intensity (FLOP / byte)")
-ax.set_ylabel("achieved GFLOP/s")
-ax.set_title("SmolLM2-135M float32 on this CPU")
-ax.legend(fontsize=8, loc="lower right")
-plt.tight_layout()
-plt.show()
+plots.roofline(points, peak_flops, bandwidth)
 
 # %% [markdown]
 # ## Interview questions

@@ -28,9 +28,9 @@
 # %% nbgrader="readonly"
 import time
 
-import matplotlib.pyplot as plt
 import torch
 
+from minillm import plots
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
 from minillm.kv.contiguous import ContiguousKVCache
@@ -59,17 +59,7 @@ prompt_ids = build_prompt_ids(tok, "Explain in one paragraph why the sky is blue
 cache = ContiguousKVCache(cfg, max_batch=1, max_len=96)
 gen.forward_logits(cache, prompt_ids, 0)
 k0 = cache.layer(0)[0][0].reshape(96, -1)              # layer 0 K, row 0: [positions, kv_heads * head_dim]
-fig, ax = plt.subplots(figsize=(8, 3.2))
-im = ax.imshow(k0.T.abs().numpy(), aspect="auto", cmap="magma", interpolation="nearest")
-ax.axvline(len(prompt_ids) - 0.5, color="cyan", lw=1)
-for h in range(1, cfg.num_kv_heads):
-    ax.axhline(h * cfg.head_dim - 0.5, color="white", lw=0.5)
-ax.set_xlabel(f"position ({len(prompt_ids)} prompt tokens filled | reserved, empty)")
-ax.set_ylabel("kv head × dim")
-ax.set_title(f"|K| in layer 0 of the KV cache — cache holds {cache.nbytes / 2**20:.1f} MiB for 96 slots")
-fig.colorbar(im, ax=ax, fraction=0.03)
-plt.tight_layout()
-plt.show()
+plots.kv_cache_keys(k0, len(prompt_ids), cfg.num_kv_heads, cfg.head_dim, cache.nbytes / 2**20)
 
 # %% [markdown]
 # ## Task 1 — attention over a KV cache (3 points)
@@ -218,15 +208,6 @@ def best_of(fn, repeats):
     return min(times)
 
 
-def fitted_total(lengths, ms, upto):
-    """Least-squares line through measured step times (ms at each length), summed over steps 1..upto:
-    the seconds it takes to generate 1, 2, ..., upto tokens."""
-    x, y = torch.tensor(lengths, dtype=torch.float64), torch.tensor(ms, dtype=torch.float64)
-    slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
-    ns = torch.arange(1, upto + 1, dtype=torch.float64)
-    return ns, torch.cumsum((y.mean() + slope * (ns - x.mean())).clamp(min=float(y.min())), 0) / 1000
-
-
 ids = tok.encode("Once upon a time")
 t0 = time.perf_counter()
 toks_cached = decode(ids, 16, use_cache=True)
@@ -246,20 +227,7 @@ for n in lengths:
     recompute_ms.append(1000 * best_of(lambda: gen.forward_logits(gen.new_cache(n), filler[:n], 0), 2))
     print(f"n = {n:3d}: one step {cached_ms[-1]:6.1f} ms with the cache, {recompute_ms[-1]:7.1f} ms recomputing")
 
-fig, ax = plt.subplots(1, 2, figsize=(10, 3.4))
-ax[0].plot(lengths, recompute_ms, "o-", label="recompute (no cache)")
-ax[0].plot(lengths, cached_ms, "o-", label="KV cache")
-ax[0].set_xlabel("sequence length n")
-ax[0].set_ylabel("ms for the step producing token n+1")
-ax[0].set_ylim(bottom=0)
-ax[0].legend()
-ax[1].plot(*fitted_total(lengths, recompute_ms, max(lengths)), label="recompute: O(n²)")
-ax[1].plot(*fitted_total(lengths, cached_ms, max(lengths)), label="KV cache: O(n)")
-ax[1].set_xlabel("tokens generated")
-ax[1].set_ylabel("total seconds (from the measured steps)")
-ax[1].legend()
-plt.tight_layout()
-plt.show()
+plots.cache_vs_recompute(lengths, cached_ms, recompute_ms)   # right: a line fitted to the steps, summed
 
 # %% [markdown]
 # ## What the cache costs at scale

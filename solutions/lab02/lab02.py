@@ -37,10 +37,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")     # before anything imports min
 
 from collections import deque
 
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.patches import Rectangle
 
+from minillm import plots
 from minillm.bench.kv import kv_bench
 from minillm.bench.workload import WorkloadSpec, make_workload
 from minillm.engine.llm_engine import LLMEngine
@@ -82,43 +81,6 @@ def snapshot(engine):
     return rows, [bm.ref_count(b) for b in range(bm.num_blocks)]
 
 
-def draw_block_tables(rows, refs, title):
-    colours = {}
-    for name, _ in rows:
-        colours.setdefault(name.split(" #")[0], plt.cm.tab10(len(colours) % 10))
-    width, n = max(len(t) for _, t in rows), len(refs)
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 0.42 * len(rows) + 2.4),
-                                  gridspec_kw=dict(height_ratios=[max(len(rows), 2), 1.4]))
-    for i, (name, table) in enumerate(rows):
-        for j, b in enumerate(table):
-            shared = refs[b] > 1
-            ax.add_patch(Rectangle((j, i), 1, 1, fc="#f5a623" if shared else "#cfe3f7", ec="white", lw=2))
-            ax.text(j + 0.5, i + 0.5, str(b), ha="center", va="center", fontsize=9,
-                    fontweight="bold" if shared else "normal")
-    ax.set_xlim(0, width)
-    ax.set_ylim(len(rows), 0)
-    ax.set_yticks([i + 0.5 for i in range(len(rows))], [name for name, _ in rows])
-    ax.set_xticks([j + 0.5 for j in range(width)], [str(j) for j in range(width)])
-    ax.set_xlabel("logical block (cell = physical block id; orange = shared, ref count > 1)")
-    ax.set_title(title)
-    owner = {}
-    for name, table in rows:
-        for b in table:
-            owner.setdefault(b, name.split(" #")[0])
-    for b in range(n):
-        fc = colours[owner[b]] if b in owner else "white"
-        ax2.add_patch(Rectangle((b, 0), 1, 1, fc=fc, ec="grey", lw=0.5, hatch="//" if refs[b] > 1 else None))
-    ax2.set_xlim(0, n)
-    ax2.set_ylim(0, 1)
-    ax2.set_yticks([])
-    ax2.set_xlabel(f"physical block id — the pool of {n} blocks (colour = owning request, hatched = shared, "
-                   "white = free)")
-    ax2.legend(handles=[Rectangle((0, 0), 1, 1, fc=c) for c in colours.values()], labels=list(colours),
-               ncol=len(colours), loc="upper center", bbox_to_anchor=(0.5, -0.9), frameon=False, fontsize=8)
-    plt.tight_layout()
-    plt.show()
-
-
 demo = LLMEngine.from_model(model, tok, block_size=16, num_blocks=40, enable_prefix_caching=False,
                             max_model_len=256)
 questions = ["Why is the sky blue?", "Write a haiku about autumn leaves falling on a quiet pond.",
@@ -130,8 +92,8 @@ for _ in range(4):                      # step 1: prefill all four prompts (+ fo
     demo.step()
 rows, refs = snapshot(demo)
 usage = demo.kv_usage()
-draw_block_tables(rows, refs, f"minillm's BlockManager after 4 steps: {usage['num_used']} of "
-                              f"{usage['num_blocks']} blocks in use")
+plots.block_tables(rows, refs, f"minillm's BlockManager after 4 steps: {usage['num_used']} of "
+                               f"{usage['num_blocks']} blocks in use")
 for rid in list(demo.requests):
     demo.abort(rid)                     # frees every block
 print({k: usage[k] for k in ("num_blocks", "block_size", "num_used", "num_free", "num_seqs", "tokens_capacity")})
@@ -395,8 +357,8 @@ def scatter(snap):
 
 
 step, rows, refs = max(my_snaps, key=lambda s: (scatter(s), sum(r > 1 for r in s[2])))
-draw_block_tables(rows, refs, f"your block manager after step {step} ({POOL_BLOCKS}-block pool, "
-                              f"block_size {BLOCK_SIZE})")
+plots.block_tables(rows, refs, f"your block manager after step {step} ({POOL_BLOCKS}-block pool, "
+                               f"block_size {BLOCK_SIZE})")
 
 # %% [markdown]
 # ## Measurement 1: the pool over time (your block manager, the run above)
@@ -411,20 +373,7 @@ draw_block_tables(rows, refs, f"your block manager after step {step} ({POOL_BLOC
 # sequence gives its blocks back and is recomputed when blocks free up) and sequences finishing.
 
 # %%
-steps = range(1, len(my_trace) + 1)
-contiguous_blocks = [t["running"] * (MAX_MODEL_LEN // BLOCK_SIZE) for t in my_trace]
-fig, ax = plt.subplots(figsize=(9, 3.6))
-ax.plot(steps, [t["used"] for t in my_trace], "o-", ms=3, label="paged: blocks in use (your block manager)")
-ax.plot(steps, [t["tokens"] / BLOCK_SIZE for t in my_trace], "--", label="computed tokens / block_size (no sharing)")
-ax.plot(steps, contiguous_blocks, ":", lw=2, label="contiguous: running × max_model_len / block_size")
-ax.axhline(POOL_BLOCKS, color="black", lw=1)
-ax.text(1, POOL_BLOCKS + 1, f"pool: {POOL_BLOCKS} blocks", fontsize=8)
-ax.set_xlabel("engine step")
-ax.set_ylabel("blocks of 16 slots")
-ax.legend(fontsize=8, loc="upper right")
-ax.set_title("KV pool during the plug-in run")
-plt.tight_layout()
-plt.show()
+plots.kv_pool_trace(my_trace, POOL_BLOCKS, BLOCK_SIZE, MAX_MODEL_LEN)
 peak = max(t["running"] for t in my_trace)
 print(f"peak {peak} sequences running at once in {POOL_BLOCKS * BLOCK_SIZE} token slots; a contiguous engine "
       f"reserving {MAX_MODEL_LEN} slots each fits {POOL_BLOCKS * BLOCK_SIZE // MAX_MODEL_LEN}")
@@ -458,20 +407,7 @@ for r in rows_kv:
     print(f"{r['block_size']:>6} {r['paged_waste_frac']:>12.1%} {r['contiguous_waste_frac']:>14.1%} "
           f"{r['paged_max_concurrency']:>12} {r['contiguous_max_concurrency']:>14} "
           f"{r['paged_wasted_bytes_avg'] / 2**20:>17.1f} {r['contiguous_wasted_bytes_avg'] / 2**20:>19.1f}")
-fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-ax[0].plot(block_sizes, [100 * r["paged_waste_frac"] for r in rows_kv], "o-", label="paged")
-ax[0].plot(block_sizes, [100 * r["contiguous_waste_frac"] for r in rows_kv], "s--", label="contiguous (2048/seq)")
-ax[0].set_ylabel("% of reserved KV slots unused")
-ax[1].plot(block_sizes, [r["paged_max_concurrency"] for r in rows_kv], "o-", label="paged")
-ax[1].plot(block_sizes, [r["contiguous_max_concurrency"] for r in rows_kv], "s--", label="contiguous (2048/seq)")
-ax[1].set_ylabel("max sequences running at once")
-for a in ax:
-    a.set_xscale("log", base=2)
-    a.set_xlabel("block_size (tokens)")
-    a.set_ylim(bottom=0)
-    a.legend()
-plt.tight_layout()
-plt.show()
+plots.block_size_sweep(rows_kv)
 
 # %% [markdown]
 # ## Interview questions

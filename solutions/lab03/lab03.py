@@ -43,11 +43,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything defines a Tri
 
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import triton
 import triton.language as tl
 
+from minillm import plots
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.engine.simple import SimpleGenerator
@@ -87,29 +87,8 @@ tables = {rid: t[0] for rid, t in engine.block_tables().items()}
 lens = {rid: seqs[0].num_computed_tokens for rid, seqs in engine.requests.items()}   # tokens with KV cached
 kv_k, kv_v = engine.kv_cache.layer(0)              # layer 0's pool as [num_blocks, block_size, KVH, D]
 
-fig, ax = plt.subplots(figsize=(10, 2.8))
-colors = plt.cm.tab10.colors
 used = sorted({b for t in tables.values() for b in t})
-for b in used:
-    if engine.block_manager.ref_count(b) > 1:           # one physical block in several tables
-        ax.axvspan(b - 0.5, b + 0.5, color="0.9", zorder=0)
-for row, (rid, table) in enumerate(tables.items()):
-    ax.plot(table, [row] * len(table), "-", color=colors[row], alpha=0.35, lw=6, solid_capstyle="round")
-    for i, b in enumerate(table):
-        full = min(8, lens[rid] - 8 * i) / 8
-        ax.scatter([b], [row], s=330, color=colors[row], alpha=0.35 + 0.65 * full, zorder=3)
-        ax.annotate(str(i), (b, row), ha="center", va="center", fontsize=8, color="white", zorder=4)
-    for i in range(len(table) - 1):
-        ax.annotate("", xy=(table[i + 1], row + 0.18), xytext=(table[i], row + 0.18),
-                    arrowprops=dict(arrowstyle="->", color=colors[row], lw=0.8, connectionstyle="arc3,rad=-0.3"))
-ax.set_yticks(range(len(tables)), [f"request {rid}: {lens[rid]} tokens" for rid in tables])
-ax.set_xticks(range(max(used) + 2))
-ax.set_xlim(-0.8, max(used) + 1.5)
-ax.set_xlabel("physical block id in the KV pool (number in a dot = logical block index; pale = partly filled)")
-ax.set_ylim(-0.6, len(tables) - 0.4)
-ax.set_title("block tables of three running sequences (block_size 8; grey = block shared by several tables)")
-plt.tight_layout()
-plt.show()
+plots.block_table_chains(tables, lens, {b: engine.block_manager.ref_count(b) for b in used}, block_size=8)
 for rid, table in tables.items():
     print(f"request {rid}: block table {table}")
 print("ref counts of the shared blocks:", {b: engine.block_manager.ref_count(b) for b in used
@@ -240,18 +219,7 @@ dense = torch.softmax(scores, dim=-1) @ values
 print(f"{scores.shape[1]} keys in {len(history)} blocks; max |acc / l - softmax(scores) @ V| = "
       f"{(acc / l[:, None] - dense).abs().max().item():.1e}")
 
-fig, ax = plt.subplots(1, 2, figsize=(10, 3))
-blocks = range(len(history))
-for h in range(group):
-    ax[0].step(blocks, [hm[h].item() for hm, _ in history], where="post", marker="o", label=f"query head {h}")
-    ax[1].plot(blocks, [hl[h].item() for _, hl in history], marker="o", label=f"query head {h}")
-ax[0].set_title("running max m after each block")
-ax[1].set_title("running sum l (relative to the current m)")
-for a in ax:
-    a.set_xlabel("block")
-    a.legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.online_softmax_history(history)
 
 # %% [markdown]
 # ## Task 3 — the PagedAttention decode kernel in Triton (5 points)
@@ -498,26 +466,7 @@ print(f"{'L':>4} {'blocks':>6} {'kernel (interp.)':>17} {'gather+dense':>13} {'d
 for L, nb, tk, tg, td, ek, eg, ed in rows:
     print(f"{L:>4} {nb:>6} {1000 * tk:>14.1f} ms {1e6 * tg:>10.0f} µs {1e6 * td:>6.0f} µs   "
           f"kernel {ek:.1e}, gather {eg:.1e}, dense {ed:.1e}")
-Ls = [r[0] for r in rows]
-fig, ax = plt.subplots(1, 2, figsize=(10, 3.3))
-ax[0].plot(Ls, [r[2] * 1e3 for r in rows], "o-", label="your kernel (Triton interpreter)")
-ax[0].plot(Ls, [r[3] * 1e3 for r in rows], "s-", label="gather_kv + dense attention")
-ax[0].plot(Ls, [r[4] * 1e3 for r in rows], "^-", label="dense attention (contiguous K/V)")
-ax[0].set_yscale("log")
-ax[0].set_xlabel("sequence length (tokens)")
-ax[0].set_ylabel("ms per decode call")
-ax[0].legend(fontsize=8)
-ax[0].set_title("time: the interpreter measures correctness, not speed")
-for i, name in ((5, "your kernel"), (6, "gather + dense"), (7, "dense")):
-    ax[1].plot(Ls, [r[i] for r in rows], "o-", label=name)
-ax[1].set_yscale("log")
-ax[1].set_ylim(1e-9, 1e-4)
-ax[1].set_xlabel("sequence length (tokens)")
-ax[1].set_ylabel("max |out - float64 reference|")
-ax[1].legend(fontsize=8)
-ax[1].set_title("error: float32 rounding only")
-plt.tight_layout()
-plt.show()
+plots.kernel_time_and_error(rows)
 
 # %% [markdown]
 # ## Interview questions

@@ -33,11 +33,10 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")    # (no Triton kernel runs here; the course-wide convention)
 import time
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.colors import ListedColormap
 
+from minillm import plots
 from minillm.bench.throughput import percentile
 from minillm.bench.workload import WorkloadSpec, make_workload
 from minillm.engine.llm_engine import LLMEngine
@@ -145,57 +144,8 @@ for i in range(3):
 
 
 # %%
-def plot_timeline(steps, n_requests, title, pool_blocks=None, budget=None):
-    """Gantt chart of a recorded run: one row per request, one column per engine step."""
-    states = ["not arrived", "waiting", "running, not scheduled", "prefill chunk", "decode", "recompute"]
-    colors = ["white", "#d9d9d9", "#fee391", "#3182bd", "#31a354", "#fd8d3c"]
-    grid = np.zeros((n_requests, len(steps)), dtype=int)
-    for k, st in enumerate(steps):
-        for r in st["waiting"]:
-            grid[int(r), k] = 1
-        for r in st["idle"]:
-            grid[int(r), k] = 2
-        for r, n, kind in st["run"]:
-            grid[int(r), k] = {"prefill": 3, "decode": 4, "recompute": 5}[kind]
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    ax.imshow(grid, aspect="auto", cmap=ListedColormap(colors), vmin=0, vmax=len(colors) - 1,
-              interpolation="nearest")
-    for k, st in enumerate(steps):
-        for r, n, kind in st["run"]:
-            if kind != "decode":
-                ax.text(k, int(r), str(n), ha="center", va="center", fontsize=6, color="white")
-        for r in st["preempted"]:
-            ax.plot(k, int(r), marker="x", color="red", ms=7, mew=2)
-    ax.set_yticks(range(n_requests))
-    ax.set_yticklabels([f"request {i}" for i in range(n_requests)])
-    shown = [i for i in range(1, len(states)) if (grid == i).any()]
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[i], ec="gray") for i in shown]
-    handles.append(plt.Line2D([], [], marker="x", color="red", ls="", mew=2))
-    ax.legend(handles, [states[i] for i in shown] + ["preempted"], ncol=6, fontsize=7, loc="upper center",
-              bbox_to_anchor=(0.5, 1.17), frameon=False)
-    ax.set_title(title, pad=24)
-    pre = [sum(n for _, n, kind in st["run"] if kind != "decode") for st in steps]
-    dec = [sum(n for _, n, kind in st["run"] if kind == "decode") for st in steps]
-    ax2.bar(range(len(steps)), pre, color=colors[3], label="prefill / recompute tokens")
-    ax2.bar(range(len(steps)), dec, bottom=pre, color=colors[4], label="decode tokens")
-    if budget:
-        ax2.axhline(budget, color="black", ls="--", lw=0.8, label="token budget")
-        ax2.set_ylim(0, budget * 1.25)
-    ax2.set_ylabel("tokens in the step")
-    ax2.set_xlabel("engine step")
-    if pool_blocks:
-        ax3 = ax2.twinx()
-        ax3.plot([st["kv_blocks"] for st in steps], color="purple", lw=1.5, label="KV blocks in use")
-        ax3.axhline(pool_blocks, color="purple", ls=":", lw=1)
-        ax3.set_ylim(0, pool_blocks * 1.15)
-        ax3.set_ylabel("KV blocks in use", color="purple")
-    ax2.legend(fontsize=7, loc="upper right")
-    plt.tight_layout()
-    plt.show()
-
-
-plot_timeline(ref_steps, len(questions), "minillm's scheduler on SmolLM2: budget 64 tokens/step, max 4 sequences, "
-              "KV pool 12 blocks", pool_blocks=12, budget=64)
+plots.timeline(ref_steps, len(questions), "minillm's scheduler on SmolLM2: budget 64 tokens/step, max 4 "
+               "sequences, KV pool 12 blocks", pool_blocks=12, budget=64)
 
 # %% [markdown]
 # Read the chart from left to right. Request 1's 106-token prompt does not fit the 64-token budget: it is
@@ -445,32 +395,7 @@ for name, cls in [("continuous", Scheduler), ("static", StaticBatchScheduler)]:
           f"mean sequences per step {np.mean([len(s['run']) for s in steps]):.2f}")
 
 # %%
-fig, ax = plt.subplots(1, 4, figsize=(14, 3.6))
-names, colors = ["static", "continuous"], ["tab:gray", "tab:green"]
-bars = ax[0].bar(names, [results[n]["tok_s"] for n in names], color=colors)
-ax[0].bar_label(bars, fmt="%.1f")
-ax[0].set_ylabel("output tokens / s")
-ax[0].set_title("throughput")
-for j, (metric, unit, scale) in enumerate([("ttft", "s", 1), ("tpot", "ms", 1000)], start=1):
-    qs = [50, 90, 99]
-    x = np.arange(len(qs))
-    for i, n in enumerate(names):
-        ax[j].bar(x + (i - 0.5) * 0.38, [scale * percentile(results[n][metric], q) for q in qs], 0.38,
-                  color=colors[i], label=n)
-    ax[j].set_xticks(x, [f"p{q}" for q in qs])
-    ax[j].set_ylabel(unit)
-    ax[j].set_title(metric.upper())
-    ax[j].legend(fontsize=8)
-for i, n in enumerate(names):
-    decode_only = [s for s in results[n]["steps"] if all(k == "decode" for _, _, k in s["run"])]
-    ax[3].scatter([len(s["run"]) + 0.08 * (i - 0.5) for s in decode_only],
-                  [1000 * s["seconds"] for s in decode_only], s=10, alpha=0.6, color=colors[i], label=n)
-ax[3].set_xlabel("sequences in the step (decode-only steps)")
-ax[3].set_ylabel("step time (ms)")
-ax[3].set_title("batch size vs step time")
-ax[3].legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.static_vs_continuous(results)
 
 # %% [markdown]
 # Both runs did exactly the same work (same prompts, same output lengths); only the admission rule differed.
@@ -488,10 +413,11 @@ plt.show()
 # (iteration-level) batching re-decides the batch at every decode step: a finished sequence leaves immediately
 # and a waiting one takes its seat at the next step, its prompt computed in the same forward pass as everyone
 # else's decode token. Because decode is memory-bound, a step with 4 sequences costs far less than 4 steps with
-# 1, so keeping seats full raises throughput — in this lab the same 10 requests needed about a third fewer
-# steps and ran at ~1.3–1.4× the throughput; on GPUs, where a decode step costs nearly the same up to large
-# batches, vLLM-style engines report several-fold to 10×+ the throughput of static batching. It needs a paged
-# KV cache (lab02) so sequences of any length can come and go without fragmenting memory.
+# 1, so keeping seats full raises throughput — in the run above the same requests needed fewer steps and ran
+# at a higher throughput under continuous admission (its two printed lines give the counts); on GPUs, where a
+# decode step costs nearly the same up to large batches, vLLM-style engines report several-fold to 10×+ the
+# throughput of static batching. It needs a paged KV cache (lab02) so sequences of any length can come and go
+# without fragmenting memory.
 # </details>
 #
 # <details><summary><b>What is chunked prefill, and why does it help?</b></summary>
@@ -510,7 +436,7 @@ plt.show()
 #
 # Head-of-line blocking is when a request waits behind work that has nothing to do with it: under static
 # batching a newcomer waits for the longest member of the current batch, and a long prefill that is not
-# chunked stalls every decode behind it. Averages hide it, tails show it: in this lab's measurement p50 and
+# chunked stalls every decode behind it. Averages hide it, tails show it: in the run above p50 and
 # p99 TTFT under static batching are many steps' worth of waiting (the longest answer in the batch), while
 # continuous batching admits at the next step. Under load the queue itself also grows: once arrivals exceed
 # what the batch can absorb, waiting time grows without bound and p99 explodes first. Remedies: continuous

@@ -42,8 +42,8 @@ import statistics
 import time
 from collections import OrderedDict
 
-import matplotlib.pyplot as plt
 
+from minillm import plots
 from minillm.bench.prefix import QUESTIONS, REPLY, TURNS
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
@@ -122,40 +122,9 @@ print(f"cached prompt tokens: A {row_a[2]}/{len(prompt_a)}, B {row_b[2]}/{len(pr
       f"A turn 2 {row_a2[2]}/{len(prompt_a2)};  {own_stats}")
 
 
-def draw_chains(rows, title):
-    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.75 * len(rows)))
-    colors = {"hit": "#7fc97f", "computed": "#fdb462", "partial": "#d9d9d9"}
-    for r, (label, ids, (table, hashes, cached, _)) in enumerate(rows):
-        y = len(rows) - 1 - r
-        for i, b in enumerate(table):
-            full = (i + 1) * BLOCK_SIZE <= len(ids)
-            kind = "hit" if i < cached // BLOCK_SIZE else ("computed" if full else "partial")
-            ax.add_patch(plt.Rectangle((i, y + 0.1), 0.94, 0.8, color=colors[kind]))
-            h = hashes[i]
-            ax.text(i + 0.47, y + 0.5, f"#{b}\n{h:032x}"[:len(str(b)) + 7] if h is not None else f"#{b}\n—",
-                    ha="center", va="center", fontsize=8, family="monospace")
-        ax.text(-0.2, y + 0.5, label, ha="right", va="center", fontsize=9)
-    a, b = rows[0][1], rows[1][1]
-    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)        # where the two prompts diverge
-    ax.axvline(shared / BLOCK_SIZE, color="k", ls="--", lw=1)
-    ax.text(shared / BLOCK_SIZE, len(rows) + 0.05, f" A and B diverge after token {shared}: system prompt + "
-            "user tag are common", fontsize=8, va="bottom")
-    for kind, c in colors.items():
-        ax.bar(0, 0, color=c, label={"hit": "from the cache (hit)", "computed": "computed, then cached",
-                                     "partial": "partial block (not cached)"}[kind])
-    ax.legend(loc="lower right", fontsize=8, ncol=3, bbox_to_anchor=(1, -0.45))
-    ax.set_xlim(-0.1, max(len(r[2][0]) for r in rows) + 0.1)
-    ax.set_ylim(0, len(rows) + 0.5)
-    ax.set_xlabel(f"block index in the sequence (×{BLOCK_SIZE} tokens)")
-    ax.set_yticks([])
-    ax.set_title(title)
-    plt.tight_layout()
-    plt.show()
-
-
-draw_chains([(f"A: {QA!r}", prompt_a, row_a), (f"B: {QB!r}", prompt_b, row_b),
-             (f"A, turn 2: + reply + {FOLLOW_UP!r}", prompt_a2, row_a2)],
-            "block tables at admission: physical block #id and chained hash (hex)")
+plots.prefix_chains([(f"A: {QA!r}", prompt_a, row_a), (f"B: {QB!r}", prompt_b, row_b),
+                     (f"A, turn 2: + reply + {FOLLOW_UP!r}", prompt_a2, row_a2)], BLOCK_SIZE,
+                    "block tables at admission: physical block #id and chained hash (hex)")
 
 # %% [markdown]
 # Read the grid: B's first blocks are the *same physical blocks* as A's (the default system prompt
@@ -409,34 +378,7 @@ for name, prompts in workloads.items():
           f"off {1000 * statistics.mean(best_off[1:]):.0f} ms, on {1000 * statistics.mean(best_on[1:]):.0f} ms")
 print(f"measured in {time.perf_counter() - t_start:.0f} s")
 
-fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-names = list(results)
-x = range(len(names))
-off = [1000 * statistics.mean(results[n]["off"][1:]) for n in names]
-on = [1000 * statistics.mean(results[n]["on"][1:]) for n in names]
-ax[0].bar([i - 0.2 for i in x], off, width=0.4, label="prefix cache off", color="tab:gray")
-ax[0].bar([i + 0.2 for i in x], on, width=0.4, label="on (your block manager)", color="tab:green")
-for i, n in enumerate(names):
-    ax[0].text(i + 0.2, on[i], f"{off[i] / on[i]:.1f}×\nhit {results[n]['hit_rate']:.0%}", ha="center",
-               va="bottom", fontsize=8)
-ax[0].set_xticks(list(x))
-ax[0].set_xticklabels(names, fontsize=8)
-ax[0].set_ylabel("mean TTFT from the 2nd request on (ms)")
-ax[0].set_ylim(0, max(off) * 1.25)
-ax[0].legend(fontsize=8)
-conv = results["multi-turn"]
-ax[1].plot(conv["lens"], [1000 * t for t in conv["off"]], "o-", color="tab:gray", label="prefix cache off")
-ax[1].plot(conv["lens"], [1000 * t for t in conv["on"]], "o-", color="tab:green", label="on")
-for n, t, c in zip(conv["lens"], conv["on"], conv["cached"]):
-    ax[1].annotate(f"{n - c} new", (n, 1000 * t), textcoords="offset points", xytext=(0, 6), fontsize=7,
-                   ha="center")
-ax[1].set_xlabel("prompt length at this turn (tokens)")
-ax[1].set_ylabel("TTFT (ms)")
-ax[1].set_ylim(bottom=0)
-ax[1].set_title("multi-turn: TTFT per turn", fontsize=10)
-ax[1].legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.prefix_cache_ttft(results)
 
 # %% [markdown]
 # ## Interview questions

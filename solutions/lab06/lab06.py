@@ -39,9 +39,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports minil
 
 import time
 
-import matplotlib.pyplot as plt
 import torch
 
+from minillm import plots
 from minillm.engine.llm_engine import LLMEngine
 from minillm.loading.loader import load_model
 from minillm.sampling.params import SamplingParams
@@ -94,22 +94,7 @@ def show_token(t):
     return repr(tok.decode([int(t)]))[1:-1]
 
 
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
-for ax, (name, logits) in zip(axes, LOGITS.items()):
-    p = logits.softmax(-1)
-    top = p.topk(30)
-    needed = int((p.sort(descending=True).values.cumsum(0) < 0.9).sum()) + 1
-    ax.bar(range(30), top.values, color="tab:blue")
-    ax.plot(range(30), top.values.cumsum(0), "k.-", lw=1, label="cumulative")
-    ax.set_xticks(range(30))
-    ax.set_xticklabels([show_token(t) for t in top.indices], rotation=90, fontsize=7)
-    ax.set_title(f"{PROMPTS[name]!r}…\ntop token {float(top.values[0]):.2f}; 90% of the mass takes {needed} "
-                 f"tokens; outside the top 30: {1 - float(top.values.sum()):.0%}", fontsize=9)
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=8, loc="lower right")
-axes[0].set_ylabel("probability (T = 1)")
-plt.tight_layout()
-plt.show()
+plots.next_token_distributions(LOGITS, PROMPTS, show_token)
 
 # %% [markdown]
 # Two shapes, two problems. On the peaked prompt, `" Paris"` has most of the probability, but the tail is
@@ -307,21 +292,7 @@ for j, setting in enumerate(SETTINGS):
         cells.append(f"{int(kept[r]):>18d} {float(probs[r].max()):7.3f}")
     print(f"{setting:22s}" + "".join(cells))
 
-fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-for i, (ax, name) in enumerate(zip(axes, LOGITS)):
-    order = LOGITS[name].topk(30).indices
-    for j, setting in enumerate(SETTINGS):
-        r = i * len(SETTINGS) + j
-        y = probs[r, order].clone()
-        y[y == 0] = float("nan")                          # dropped: no point, the line stops
-        ax.plot(range(1, 31), y, ".-", lw=1, label=f"{setting} ({int(kept[r])} kept)")
-    ax.set_yscale("log")
-    ax.set_xlabel("rank in the model's distribution (T = 1)")
-    ax.set_title(f"{PROMPTS[name]!r}…", fontsize=10)
-    ax.legend(fontsize=7)
-axes[0].set_ylabel("probability after processing")
-plt.tight_layout()
-plt.show()
+plots.processed_distributions(LOGITS, PROMPTS, list(SETTINGS), probs, kept)
 
 # %% [markdown]
 # ## Measurement 2: do your draws follow the distribution?
@@ -353,18 +324,8 @@ print(f"{n} draws in {time.perf_counter() - t0:.1f} s; the processed distributio
       f"draws outside it: {int(counts.sum() - counts[support].sum())}")
 print(f"chi-square = {test.statistic:.1f} with {test.dof} degrees of freedom, p-value = {test.p_value:.3f}")
 
-order = target.argsort(descending=True)[:len(support)]
-fig, ax = plt.subplots(figsize=(12, 3.6))
-ax.bar(range(len(order)), (n * target[order]).tolist(), color="#cccccc", label="expected: n · p")
-ax.plot(range(len(order)), counts[order].tolist(), "o", ms=4, color="tab:red", label="your draws")
-ax.set_xticks(range(len(order)))
-ax.set_xticklabels([show_token(t) for t in order], rotation=90, fontsize=7)
-ax.set_ylabel("count")
-ax.set_title(f"{PROMPTS['flat']!r}, T = 0.8, top-k 40, top-p 0.95: {n} draws, chi-square p = "
-             f"{test.p_value:.2f}", fontsize=10)
-ax.legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.draws_vs_expected(counts, target, show_token, f"{PROMPTS['flat']!r}, T = 0.8, top-k 40, top-p 0.95: {n} "
+                        f"draws, chi-square p = {test.p_value:.2f}")
 
 # %% [markdown]
 # **Expected shape:** the red points scatter around the grey bars by about ±√(n·p) (±20 for a token expected

@@ -40,9 +40,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports minil
 
 import time
 
-import matplotlib.pyplot as plt
 import torch
 
+from minillm import plots
 from minillm.bench.spec import CHAT, TimedProposer
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
@@ -144,41 +144,8 @@ def piece(t):
     return tok.decode([t]).replace("\n", "\\n") or "∅"
 
 
-def draw_steps(rows, title, max_rows=14):
-    rows = rows[1:max_rows + 1]                            # the prefill step's token aside
-    fig, ax = plt.subplots(figsize=(12, 0.42 * len(rows) + 1.2))
-    colors = {"kept": "#7fc97f", "refused": "#f4868c", "unchecked": "#d9d9d9", "target": "#80b1d3"}
-    right = 0.0
-    for r, (drafts, kept, emitted) in enumerate(rows):
-        y, x = len(rows) - 1 - r, 0.0
-        n_kept = len(kept) - 1 if drafts else 0
-        cells = [(t, "kept" if j < n_kept else "refused" if j == n_kept else "unchecked")
-                 for j, t in enumerate(drafts)]
-        cells.append((kept[-1] if drafts else emitted[0], "target"))
-        for t, kind in cells:
-            if kind == "target":
-                x += 0.3                                   # a gap: the guesses, then the target's own token
-            text = piece(t)
-            w = max(len(text), 2) * 0.105 + 0.1
-            ax.add_patch(plt.Rectangle((x, y + 0.12), w - 0.05, 0.76, color=colors[kind]))
-            ax.text(x + (w - 0.05) / 2, y + 0.5, text, ha="center", va="center", fontsize=8, family="monospace")
-            x += w
-        right = max(right, x)
-        ax.text(-0.15, y + 0.5, f"step {r + 2}: +{len(emitted)}", ha="right", va="center", fontsize=8)
-    for kind, c in colors.items():
-        ax.bar(0, 0, color=c, label={"kept": "guess kept", "refused": "first guess refused",
-                                     "unchecked": "guess after it (dropped)",
-                                     "target": "the target's own token (replacement or bonus)"}[kind])
-    ax.legend(loc="upper center", fontsize=8, ncol=4, bbox_to_anchor=(0.5, 0.0))
-    ax.set_xlim(-0.1, right + 0.1)
-    ax.set_ylim(0, len(rows))
-    ax.axis("off")
-    ax.set_title(title, fontsize=10)
-    plt.tight_layout()
-    plt.show()
-
-
-draw_steps(steps_seen, "minillm's engine repeating a passage: each row is one step (one forward pass of the target)")
+plots.spec_steps(steps_seen, piece,
+                 "minillm's engine repeating a passage: each row is one step (one forward pass of the target)")
 print(engine_spec.spec.stats)
 
 # %% [markdown]
@@ -380,22 +347,8 @@ print(f"{N} calls of your rule in {elapsed:.1f} s. Guesses kept: {sum(len(f) == 
 for name, (f, pv) in freq.items():
     print(f"{name:16s} chi-square p-value against p: {pv:.3g}")
 
-fig, ax = plt.subplots(figsize=(11, 3.8))
-xs = torch.arange(len(top)).float()
-ax.bar(xs - 0.27, p, width=0.27, color="tab:gray", label="p: the target (SmolLM2, full context)")
-ax.bar(xs, freq["your rule"][0], width=0.27, color="tab:green",
-       label=f"your rule's emitted token, {N} runs (chi-square p = {freq['your rule'][1]:.2f})")
-ax.bar(xs + 0.27, freq["resample from p"][0], width=0.27, color="tab:red",
-       label=f"wrong rule: resample from p (p = {freq['resample from p'][1]:.1e})")
-ax.plot(xs, q, "k_", markersize=22, mew=2, label="q: the draft (sees only \"lived a\")")
-ax.set_xticks(xs.tolist())
-ax.set_xticklabels([repr(w) for w in words], fontsize=9)
-ax.set_ylabel("probability / frequency")
-ax.set_title(f"next token after '…{STORY[-30:]}': what the rule emits (k = 1, acceptance {alpha:.0%})",
-             fontsize=10)
-ax.legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.rejection_frequencies(p, q, freq, words, N, f"next token after '…{STORY[-30:]}': what the rule emits "
+                            f"(k = 1, acceptance {alpha:.0%})")
 
 # %% [markdown]
 # Your rule's bars sit on the target's: the guesses are biased towards "young" and "man", but the test refuses
@@ -503,33 +456,7 @@ print(f"\ndrafting one token costs {max(r['draft_cost'] for r in rows.values()):
       + (f"{alpha_even:.0%}" if alpha_even is not None else "never (k + 1 tokens cost more than k + 1 plain steps)")
       + f" on this CPU (0% where verifying is free)")
 
-fig, ax = plt.subplots(1, 2, figsize=(11.5, 3.9))
-names = list(rows)
-xs = range(len(names))
-ax[0].bar([i - 0.2 for i in xs], [rows[n]["plain_tps"] for n in names], width=0.4, color="tab:gray",
-          label="no speculation")
-ax[0].bar([i + 0.2 for i in xs], [rows[n]["spec_tps"] for n in names], width=0.4, color="tab:blue",
-          label=f"speculation (your pieces, k = {K})")
-for i, n in enumerate(names):
-    r = rows[n]
-    ax[0].text(i + 0.2, r["spec_tps"], f"{r['speedup']:.2f}×\nformula {r['formula']:.2f}×\nα = {r['alpha']:.0%}",
-               ha="center", va="bottom", fontsize=8)
-ax[0].set_xticks(list(xs))
-ax[0].set_xticklabels(names)
-ax[0].set_ylabel("decode tokens/s")
-ax[0].set_ylim(0, max(rows[n]["spec_tps"] for n in names) * 1.45)
-ax[0].legend(fontsize=8, loc="upper right")
-sizes = list(step_cost)
-ax[1].plot(sizes, [step_cost[n] for n in sizes], "o-", color="tab:orange", label="this CPU (measured steps)")
-ax[1].plot(sizes, [1.0] * len(sizes), "--", color="tab:gray", label="the formula's assumption (GPU, batch 1)")
-ax[1].set_xticks(sizes)
-ax[1].set_xlabel("tokens fed to the model in one decode step (1 + guesses)")
-ax[1].set_ylabel("step time / plain step time")
-ax[1].set_ylim(bottom=0)
-ax[1].set_title("what verifying k guesses costs", fontsize=10)
-ax[1].legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.spec_speedup(rows, step_cost, K)
 
 # %% [markdown]
 # **Reading the numbers.** Speedup = (tokens per step) ÷ (cost of a step). On the passage most guesses are

@@ -37,10 +37,10 @@
 import copy
 import time
 
-import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
+from minillm import plots
 from minillm.bench.decode import time_decode
 from minillm.bench.quality import eval_windows, sequence_logits
 from minillm.engine.llm_engine import LLMEngine
@@ -58,34 +58,40 @@ print(f"{len(layers)} weight matrices, {model.weight_bytes() / 1e6:.0f} MB of fl
 # %% [markdown]
 # ## What a group of weights looks like
 #
-# Below: the first 32 weights of one row of layer 0's fused gate/up projection (dots), and the 16 values an int4
-# group can represent (lines), as minillm's own round-to-nearest quantizer places them: evenly spaced from the
-# group's minimum to its maximum. Every weight is replaced by the nearest line. Outliers stretch the range, and
-# every other weight of the group pays for it with coarser steps — which is why groups are small, and why an
+# Below: two groups of 32 weights (dots), the 16 values an int4 group can represent (lines), as minillm's own
+# round-to-nearest quantizer places them: evenly spaced from the group's minimum to its maximum, and where the
+# round trip puts each weight (crosses; the red bar is its error). Every weight is replaced by the nearest line.
+# Left, a typical group; right, the group with the largest outlier: the outlier stretches the range, and every
+# other weight of the group pays for it with coarser steps — which is why groups are small, and why an
 # outlier-heavy row is where a per-row (int8) or per-tensor scale hurts most.
 #
-# Look closely: every dot already sits on a line, and the round trip's error is 0. SmolLM2's default checkpoint
-# *was* stored in GGUF's Q4_1 (int4, groups of 32, a scale and a minimum each); the "float32" weights you loaded are
-# its dequantization. Requantizing them to int4 g32 is nearly lossless; coarser groups are where the loss shows.
+# Why the embedding's weights? SmolLM2's default checkpoint stores its linear layers in GGUF's Q4_1 (int4, groups
+# of 32, a scale and a minimum each): the "float32" weights you loaded are their dequantization, so every weight
+# of a linear layer already sits on its group's int4 grid and requantizing it to int4 g32 is exact (the last line
+# below prints that error: 0). The token embedding is stored in Q8_0 (8 bits, 256 levels per group), so its
+# weights show what int4 really does to weights it was not made from. The same reason keeps int4 g32 close to
+# float32 in the measurement at the end of this lab; coarser groups are where the loss shows there.
 
 # %%
-w = layers["layers.0.mlp.gate_up_proj"].weight.detach()
-group = w[0, :32]
-q4 = quantize(group[None], QuantSpec("int4", 32))
-levels = q4.mins[0, 0].float() + q4.scales[0, 0].float() * torch.arange(16)
-fig, ax = plt.subplots(figsize=(10, 3))
-ax.scatter(range(32), group, s=14, label="float32 weights", zorder=3)
-for v in levels:
-    ax.axhline(v, color="tab:orange", lw=0.6, alpha=0.7)
-ax.scatter(range(32), q4.dequantize()[0], s=10, marker="x", color="tab:red", label="after int4 round trip", zorder=4)
-ax.set_xlabel("input index k (one group of 32)")
-ax.set_ylabel("weight")
-ax.set_title("int4: 16 levels from the group's min to its max (scale = (max - min) / 15)")
-ax.legend(loc="upper right", fontsize=8)
-plt.tight_layout()
-plt.show()
-print(f"group min {group.min():.4f}, max {group.max():.4f}, step {q4.scales[0, 0].float():.5f}; "
-      f"largest round-trip error {(q4.dequantize()[0] - group).abs().max():.5f} (at most half a step in general)")
+emb = model.embed_tokens.weight.detach()          # stored as Q8_0 in the checkpoint: a finer grid than int4's
+per_row = emb.shape[1] // 32
+groups = emb.reshape(-1, 32)                      # every row's groups of 32 consecutive inputs, row after row
+outlier = groups.abs().amax(1) / groups.std(1)    # how far a group's largest weight sits from the rest
+panels = {}
+for name, g in (("a typical group", int(outlier.argsort()[len(outlier) // 2])),
+                ("the group with the largest outlier", int(outlier.argmax()))):
+    group = groups[g]
+    q4 = quantize(group[None], QuantSpec("int4", 32))
+    levels = q4.mins[0, 0].float() + q4.scales[0, 0].float() * torch.arange(16)
+    row, col = divmod(g, per_row)
+    panels[f"embedding row {row}, inputs {32 * col}–{32 * col + 31}: {name}"] = (group, levels, q4.dequantize()[0])
+    err = (q4.dequantize()[0] - group).abs()
+    print(f"{name}: min {group.min():.4f}, max {group.max():.4f}, step {q4.scales[0, 0].float():.5f}; largest "
+          f"round-trip error {err.max():.5f} (at most half a step), mean {err.mean():.5f}")
+plots.int4_round_trip(panels)
+w = layers["layers.0.mlp.gate_up_proj"].weight.detach()          # stored as Q4_1: already on an int4 g32 grid
+print(f"layer 0's gate/up projection, all of it through int4 g32: largest round-trip error "
+      f"{(quantize(w, QuantSpec('int4', 32)).dequantize() - w).abs().max():.5f}")
 
 # %% [markdown]
 # ## The format: `QuantizedWeight`
@@ -336,20 +342,7 @@ for r in rows:
           f"{100 * (r['ppl'] / base['ppl'] - 1):+9.2f}%")
 print(f"({time.perf_counter() - t0:.0f} s)")
 
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
-for r in rows:
-    ax1.scatter(r["bpw"], r["ppl"])
-    ax1.annotate(r["name"], (r["bpw"], r["ppl"]), textcoords="offset points", xytext=(5, 4))
-    ax2.scatter(r["mb"], r["ms"])
-    ax2.annotate(r["name"], (r["mb"], r["ms"]), textcoords="offset points", xytext=(5, 4))
-ax1.set_xlabel("bytes per weight read per token")
-ax1.set_ylabel("perplexity (held out)")
-ax1.set_title("memory vs quality")
-ax2.set_xlabel("MB of weights read per token")
-ax2.set_ylabel("decode ms / token")
-ax2.set_title("memory vs decode time (batch 1)")
-plt.tight_layout()
-plt.show()
+plots.quant_tradeoffs(rows)
 
 # %% [markdown]
 # **What to expect.** Bytes per weight fall from 4 to a little over 1 (int8: one code plus one float16 scale per

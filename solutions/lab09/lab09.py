@@ -42,11 +42,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports minil
 
 import time
 
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
-from minillm import LLM, SamplingParams
+from minillm import LLM, SamplingParams, plots
 from minillm.worker.model_runner import ModelRunner, StepInputs
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import get_attention_backend
@@ -113,24 +111,11 @@ def held_heads(world, rules=None):
     return on_ranks(world, build)
 
 
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.2), gridspec_kw={"width_ratios": [1, 1]})
-for ax, world in zip(axes, (2, 4)):
-    heads = held_heads(world)
-    grid = np.full((world, cfg.num_heads + cfg.num_kv_heads), np.nan)
-    for rank, (q, kv) in enumerate(heads):
-        grid[rank, q] = rank
-        grid[rank, [cfg.num_heads + g for g in kv]] = rank
-    ax.imshow(grid, cmap="tab10", vmin=0, vmax=9, aspect="auto")
-    ax.axvline(cfg.num_heads - 0.5, color="k", lw=2)
-    ax.set_xticks(range(grid.shape[1]))
-    ax.set_xticklabels([f"q{h}" for h in range(cfg.num_heads)] + [f"kv{g}" for g in range(cfg.num_kv_heads)])
-    ax.set_yticks(range(world))
-    ax.set_yticklabels([f"rank {r}" for r in range(world)])
-    ax.set_title(f"TP={world}: query heads | KV heads held by each rank", fontsize=10)
-    for rank, (q, kv) in enumerate(heads):
+heads = {world: held_heads(world) for world in (2, 4)}
+for world, held in heads.items():
+    for rank, (q, kv) in enumerate(held):
         print(f"TP={world} rank {rank}: query heads {q}, KV heads {kv}")
-plt.tight_layout()
-plt.show()
+plots.heads_per_rank(heads, cfg.num_heads, cfg.num_kv_heads)
 
 # %% [markdown]
 # At TP=2 each rank holds four query heads and the one KV head they share. At TP=4 each rank holds two query heads,
@@ -521,18 +506,7 @@ for name, by_scheme in table.items():
         print(f"{name:15s} {s:14s} {nbytes:12,} {1e6 * BATCH * nbytes / NVLINK:18.1f} µs "
               f"{1e6 * BATCH * nbytes / INFINIBAND:11.1f} µs")
 
-fig, ax = plt.subplots(figsize=(10, 3.6))
-width = 0.27
-for i, s in enumerate(schemes):
-    ax.bar(np.arange(len(MODELS)) + (i - 1) * width, [table[m][s] for m in MODELS], width, label=s)
-ax.set_xticks(range(len(MODELS)))
-ax.set_xticklabels(list(MODELS))
-ax.set_yscale("log")
-ax.set_ylabel("payload bytes per token (bf16)")
-ax.set_title("what crosses the links for one token: tensor vs pipeline parallelism", fontsize=10)
-ax.legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.comm_bytes(table)
 
 # %% [markdown]
 # **Reading the numbers.** Llama-3-70B under tensor parallelism all-reduces 2.6 MB per token; a decode step of 64

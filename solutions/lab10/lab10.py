@@ -51,11 +51,10 @@ import re
 import time
 
 import jsonschema
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from minillm import SamplingParams, StructuredOutputsParams
+from minillm import SamplingParams, StructuredOutputsParams, plots
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.loading.loader import load_model
@@ -125,17 +124,7 @@ for t in out.token_ids:
 print(f"{out.text!r}\nfinish_reason={out.finish_reason!r}, stop_reason={out.stop_reason!r}; the DFA has "
       f"{index.dfa.num_states} states")
 
-fig, ax = plt.subplots(figsize=(12, 3.6))
-xs = range(len(out.token_ids))
-ax.bar(xs, allowed_counts, color=["tab:red" if c == 1 else "tab:blue" for c in allowed_counts])
-ax.axhline(len(vocab.token_bytes), color="gray", ls="--", lw=1)
-ax.set_yscale("log")
-ax.set_xticks(list(xs))
-ax.set_xticklabels([repr(piece(t))[1:-1] for t in out.token_ids], rotation=90, fontsize=8, family="monospace")
-ax.set_ylabel("tokens allowed")
-ax.set_title("what the mask let through at each step (red: exactly one token allowed)", fontsize=10)
-plt.tight_layout()
-plt.show()
+plots.mask_sizes(allowed_counts, [repr(piece(t))[1:-1] for t in out.token_ids], len(vocab.token_bytes))
 
 # %% [markdown]
 # Read the bars from left to right. Where the schema fixes the text — the braces, the keys, the quotes — the mask
@@ -637,21 +626,7 @@ print("once per schema:")
 for name, sec in once.items():
     print(f"  {name:28s} {1000 * sec:8.1f} ms   = {sec / per_step['decode step, unconstrained']:5.1f} decode steps")
 
-fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
-names = list(per_step)
-ax[0].barh(names, [1000 * per_step[n] for n in names], color=["tab:gray", "tab:blue", "tab:green", "tab:olive"])
-ax[0].set_xscale("log")
-ax[0].set_xlabel("milliseconds (log scale)")
-ax[0].set_title(f"every step (batch of {len(SETTINGS)}, 9 constrained rows)", fontsize=10)
-names = list(once)
-ax[1].barh(names, [1000 * once[n] for n in names], color=["tab:orange", "tab:purple"] * 2)
-ax[1].axvline(1000 * per_step["decode step, unconstrained"], color="gray", ls="--", lw=1, label="one decode step")
-ax[1].set_xscale("log")
-ax[1].set_xlabel("milliseconds (log scale)")
-ax[1].set_title("once per new schema", fontsize=10)
-ax[1].legend(fontsize=8)
-plt.tight_layout()
-plt.show()
+plots.mask_costs(per_step, once, batch=len(SETTINGS), constrained=len(SETTINGS))
 
 # %% [markdown]
 # **Reading the numbers.** The mask is cheap because all the work was done ahead of time: for each state the
