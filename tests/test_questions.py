@@ -216,7 +216,7 @@ def _entry_texts(entry: dict) -> list[tuple[str, str]]:
     """(field, text) for every piece of prose a learner reads in an entry."""
     texts = [("question", entry["question"]), ("answer", entry["answer"]), ("common_mistake", entry["common_mistake"])]
     texts += [("key_points", t) for k in entry["key_points"]                 # a point may be {point, synonyms}
-              for t in ([k["point"], *k["synonyms"]] if isinstance(k, dict) else [k])]
+              for t in ([k["point"], *k.get("synonyms", []), *k.get("not", [])] if isinstance(k, dict) else [k])]
     texts += [("follow_ups", f) for f in entry["follow_ups"]]
     texts += [(f"design.{k}", v) for k, v in (entry.get("design") or {}).items()]
     return texts
@@ -402,3 +402,311 @@ def test_cross_entry_rules_catch_the_issue_16_mistakes():
     long_llama31 = {**long_llama3, "args": {**long_llama3["args"], "args": {
         **long_llama3["args"]["args"], "model": "llama-3.1-70b"}}}
     assert not _context_problems([("a", long_llama31)])
+
+
+# --- figures about minillm itself come from measurement records (issue 32, mechanism 1) ---------------------------
+# An entry cites each one as measured: [{claim, record, key}]; results/<record>.json holds the value, the command
+# that wrote it, the date and machine, and a hash of the code it measured (minillm.quiz.records).
+
+def _measured():
+    try:
+        b = load_bank(BANK_DIR)
+    except Exception:
+        return []
+    return [(q, i) for q in b.questions.values() for i in range(len(q.measured))]
+
+
+def _all_texts(q) -> list[str]:
+    """Everything a learner reads in a loaded entry, whitespace-normalized."""
+    texts = [q.question, q.answer, q.common_mistake, *q.key_points, *q.follow_ups]
+    texts += [t for syns in q.synonyms for t in syns]
+    if q.design:
+        texts += [" ".join(t.split()) for t in vars(q.design).values()]
+    return texts
+
+
+@pytest.mark.parametrize("q, i", _measured(), ids=lambda v: v.id if hasattr(v, "id") else str(v))
+def test_measured_figure_matches_its_record_and_is_in_the_text(q, i):
+    from minillm.quiz.records import verify_measured
+    item = q.measured[i]
+    verify_measured(item)
+    assert any(item["claim"] in t for t in _all_texts(q)), \
+        f"{q.id}: the measured claim {item['claim']!r} does not appear in the entry's text"
+
+
+def _records():
+    from minillm.quiz.records import RESULTS_DIR
+    return sorted(p.stem for p in RESULTS_DIR.glob("*.json")) if RESULTS_DIR.is_dir() else []
+
+
+@pytest.mark.parametrize("key", _records())
+def test_record_is_not_older_than_the_code_it_measured(key):
+    from minillm.quiz.records import load_record, stale
+    record = load_record(key)
+    assert record.date and record.machine.get("cores") and record.command.startswith("python tools/"), \
+        f"{key}: a record names its date, machine and the command that wrote it"
+    why = stale(record)
+    assert why is None, why
+
+
+def test_every_record_is_cited_and_every_citation_has_a_record(bank):
+    cited = {m["record"] for q in bank.questions.values() for m in q.measured}
+    assert cited <= set(_records()), f"entries cite records that results/ lacks: {sorted(cited - set(_records()))}"
+    assert set(_records()) <= cited, f"records no entry cites (delete or cite them): {sorted(set(_records()) - cited)}"
+
+
+# A figure about minillm: a sentence naming minillm, a lab, SmolLM2 or a `minillm` command, with a number and a unit
+# that a run produces (steps, ms, tok/s, x, %, sequences). Each must be a `measured` claim or an arithmetic `checks`
+# claim of the same entry, so no figure about the project is quoted from memory.
+# Sentences quoting minillm's serving estimator are outputs of a model, not runs: their numbers are `checks`.
+_ABOUT_MINILLM = re.compile(r"minillm|\blab\d\d\b|smollm2|\bin the run\b", re.IGNORECASE)
+_ESTIMATOR = re.compile(r"estimator|memory plan|minillm\.fleet", re.IGNORECASE)
+_RUN_FIGURE = re.compile(r"~?\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?\s?(?:ms/token|ms\b|tok/s|tokens/s|steps|"
+                         r"x\b|×|%|sequences)")
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.;!?])\s+", " ".join(text.split())) if s]
+
+
+def uncited_minillm_figures(q) -> list[str]:
+    claims = [c["claim"] for c in q.checks] + [m["claim"] for m in q.measured]
+    out = []
+    for text in _all_texts(q):
+        for sentence in _sentences(text):
+            if not _ABOUT_MINILLM.search(sentence) or _ESTIMATOR.search(sentence):
+                continue
+            for m in _RUN_FIGURE.finditer(sentence):
+                figure = m.group(0)
+                if not any(figure.strip("~ ") in c or c.strip("~ ") in figure for c in claims):
+                    out.append(f"{q.id}: {figure!r} in “{sentence[:110]}”")
+    return out
+
+
+def test_every_figure_about_minillm_is_cited_from_a_record_or_a_check(bank):
+    problems = [p for q in bank.questions.values() for p in uncited_minillm_figures(q)]
+    assert not problems, ("figures about minillm quoted without a `measured` record or a `checks` item "
+                          "(cite them, or say 'in the run above' without the number):\n" + "\n".join(problems))
+
+
+def test_uncited_figure_rule_catches_the_issue_32_staleness():
+    """The rule on the entries issue 32 found stale: a lab04 step count and a bench decode time quoted bare."""
+    from minillm.quiz.bank import Question
+    base = load_bank(BANK_DIR).questions["continuous-batching"]
+    stale_q = Question.from_dict({**_raw_entry("continuous-batching"), "answer": base.answer
+                                  + " On CPU, lab04 runs 10 requests: 80 steps instead of 122.", "measured": None})
+    assert any("80 steps" in p for p in uncited_minillm_figures(stale_q))
+    decode = Question.from_dict({**_raw_entry("two-phases"), "answer": "x " * 60 +
+                                 "`minillm bench decode` measured 50.5 ms/token against an 18.5 ms bound."})
+    flagged = {p.split(": ")[1].split(" in ")[0] for p in uncited_minillm_figures(decode)}
+    assert {"'50.5 ms/token'", "'18.5 ms'"} <= flagged
+
+
+def _raw_entry(qid: str) -> dict:
+    for path in TOPIC_FILES:
+        for entry in read_yaml(path)["questions"]:
+            if entry["id"] == qid:
+                return dict(entry)
+    raise KeyError(qid)
+
+
+# Solutions prose that quotes a run either says "in the run above" (the numbers are on the learner's screen) or is
+# cited like the bank; quoting "this lab's" numbers from memory goes stale when the lab changes (issue 32, finding 3).
+_QUOTES_A_RUN = re.compile(r"\b(?:in this lab|this lab's (?:measurement|run)|we measured|the lab measured)\b[^.]*?"
+                           r"\d[\d,.]*\s?(?:requests|steps|ms|tok/s|×|x\b|%)", re.IGNORECASE)
+
+
+def _markdown_prose(path: Path) -> str:
+    """The markdown cells of a jupytext percent script, comment markers stripped."""
+    out, in_md = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# %%"):
+            in_md = "[markdown]" in line
+            continue
+        if in_md and line.startswith("#"):
+            out.append(line[1:].strip())
+    return " ".join(out)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "solutions").glob("lab*/lab*.py")), ids=lambda p: p.name)
+def test_solution_prose_does_not_quote_a_run_from_memory(path):
+    quoted = [m.group(0) for m in _QUOTES_A_RUN.finditer(_markdown_prose(path))]
+    assert not quoted, (f"{path.relative_to(REPO)} quotes a run's numbers in prose: {quoted}; say 'in the run "
+                        "above' (the learner's own output) instead of numbers that go stale")
+
+
+def test_run_quote_rule_catches_the_old_lab04_sentence():
+    old = "keeping seats full raises throughput — in this lab the same 10 requests needed about a third fewer steps"
+    assert _QUOTES_A_RUN.search(old)
+    assert not _QUOTES_A_RUN.search("in the run above the same requests needed fewer steps")
+
+
+# --- a quiz that cannot be fooled (issue 32, mechanism 2) ----------------------------------------------------------
+
+def _entries():
+    try:
+        return list(load_bank(BANK_DIR).questions.values())
+    except Exception:
+        return []
+
+
+@pytest.mark.parametrize("q", _entries(), ids=lambda q: q.id)
+def test_typing_the_common_mistake_ticks_no_key_point(q):
+    from minillm.quiz.match import explain
+    ticked = [f"{kp!r} ({m.reason()})" for i, kp in enumerate(q.key_points)
+              if (m := explain(q.common_mistake, kp, q.key_point_synonyms(i), cues=q.key_point_cues(i))).hit]
+    assert not ticked, (f"{q.id}: typing its common_mistake as the answer ticks {len(ticked)} key point(s): "
+                        + "; ".join(ticked) + ". Give the point a `not:` cue quoting the mistake's phrasing.")
+
+
+@pytest.mark.parametrize("q", _entries(), ids=lambda q: q.id)
+def test_the_answer_itself_ticks_its_key_points_despite_the_cues(q):
+    """Negative cues must not block the right answer: the entry's own answer (plus design text) still ticks every
+    point that it ticked without cues."""
+    from minillm.quiz.match import explain
+    text = " ".join([q.answer] + ([*vars(q.design).values()] if q.design else []))
+    blocked = [f"{kp!r} by {m.refuted_by!r}" for i, kp in enumerate(q.key_points)
+               if (m := explain(text, kp, q.key_point_synonyms(i), cues=q.key_point_cues(i))).refuted_by]
+    assert not blocked, f"{q.id}: a negative cue fires on the entry's own answer: {blocked}"
+
+
+def test_no_key_point_requires_a_filler_word(bank):
+    from minillm.quiz.match import FILLER, _units
+    assert {"use", "shrink", "roughly"} <= FILLER
+    required = [f"{q.id}: {kp!r} requires {u.shown!r}" for q in bank.questions.values()
+                for kp in [*q.key_points, *(s for syns in q.synonyms for s in syns)]
+                for u in _units(kp) if u.shown.lower() in FILLER]
+    assert not required, "\n".join(required)
+
+
+def test_every_cue_is_a_phrase_of_its_common_mistake_or_a_plain_wrong_claim(bank):
+    """A cue must be a real phrase: at least two words, not a single generic term that a right answer also uses."""
+    from minillm.quiz.match import _cue_tokens
+    short = [f"{q.id}: {c!r}" for q in bank.questions.values() for cues in q.cues for c in cues
+             if len(_cue_tokens(c)) < 2]
+    assert not short, "negative cues of one word block right answers too:\n" + "\n".join(short)
+
+
+# --- issue 32's findings, each guarded: retired claims must not come back, dated facts must stay, and claims about
+# minillm's own code are checked against the code ---------------------------------------------------------------
+
+# (pattern, the finding it guards). Checked in everything but common_mistake, where naming an error is the point.
+RETIRED_CLAIMS = [
+    (r"gain shrinks toward zero", "1: verifying 5 positions at batch 100 stays under the memory time; the fleet is "
+                                  "prefill-dominated"),
+    (r"(?:needs|on|fits) (?:at least )?two 80 GB GPUs|two 80 GB GPUs and one",
+     "2: two 80 GB GPUs hold ~134 GB after the runtime, no KV for a 16-bit 70B: four"),
+    (r"\b10 requests\b|\b122\b", "3: lab04 runs 8 requests (results/lab04-batching.json)"),
+    (r"\b18\.5 ms\b|\b50\.5 ms", "4: bench decode defaults to the quantized path (results/bench-decode.json)"),
+    (r"streams? the KV layer by layer|KV streamed per layer", "7: P/D connectors pull finished blocks; layer-wise "
+                                                               "streaming is an optimisation"),
+    (r"\b(?:almost|nearly) linearly\b", "8: every sequence adds its own KV reads"),
+    (r"fragmentation-free|free of fragmentation|without copies or fragmentation",
+     "12: internal fragmentation remains in each last block"),
+    (r"decode is already compute-bound", "13: KV reads keep real contexts memory-bound"),
+    (r"~16x", "14: batching_speedup gives 15.45, ~15x"),
+    (r"saves nothing in decode", "15: a shared prefix is stored once, so more sequences fit"),
+    (r"TP=72|one TP (?:or expert-parallel )?group spans|TP group of 72", "16: NVL72 serves wide EP with DP attention"),
+    (r"PCIe Gen4", "11: H100 hosts have PCIe Gen5 (~50 GB/s)"),
+    (r"V1[^.]{0,60}recomputes?[^.]{0,20}by default|recompute is vLLM V1's default",
+     "21: recompute is V1's only preemption mode"),
+    (r"TGI[^.]*maintenance mode(?![^.]*archived)", "20: TGI's repository is archived read-only (March 2026)"),
+]
+
+# Facts that dated answers lacked (findings 17-22 and the design answers to strengthen): each entry keeps them.
+REQUIRED_MENTIONS = {
+    "speculative-decoding": ["EAGLE-3", "MTP"],
+    "speculative-decoding-design": ["EAGLE-3", "MTP", "tree", "CUDA graph", "every rank"],
+    "gqa-serving-economics": ["MLA", "Kimi K2", "gpt-oss", "Gemma 3", "linear-attention"],
+    "hardware-selection": ["B300", "MI355X", "Ironwood"],
+    "quantization-design": ["B300", "MI355X"],
+    "sharding-design": ["B300", "MI355X", "Ironwood", "~33 ms"],
+    "compare-two-engines": ["archived"],
+    "low-throughput-big-gpu": ["archived"],
+    "preemption-kv-pressure": ["only preemption mode"],
+    "oom-long-context": ["only mode"],
+    "preemption-fix": ["prefix caching on"],
+    "kv-offloading": ["offloading connector", "KVBM"],
+    "disaggregated-serving": ["NIXL", "pulls"],
+    "design-10k-rps": ["tokeniz", "prefill-dominated", "~7.9 ms"],
+    "cost-reduction-plan": ["H200", "NVFP4", "~$1.04", "~44 ms"],
+    "design-70b-p95": ["MoE", "~21 ms"],
+    "greedy-vs-sampling": ["exponential race"],
+}
+
+
+def _reader_texts(q) -> list[tuple[str, str]]:
+    texts = [("answer", q.answer), ("question", q.question), *(("key_points", k) for k in q.key_points),
+             *(("follow_ups", f) for f in q.follow_ups)]
+    texts += [(f"design.{k}", " ".join(v.split())) for k, v in (vars(q.design).items() if q.design else [])]
+    return texts
+
+
+def retired_claims(q) -> list[str]:
+    return [f"{q.id} {field}: “{m.group(0)}” (finding {why})" for field, text in _reader_texts(q)
+            for pattern, why in RETIRED_CLAIMS for m in [re.search(pattern, text)] if m]
+
+
+def test_no_retired_claim_comes_back(bank):
+    problems = [p for q in bank.questions.values() for p in retired_claims(q)]
+    assert not problems, "claims issue 32 found wrong are back:\n" + "\n".join(problems)
+
+
+def test_retired_claim_rules_catch_the_original_wording():
+    from minillm.quiz.bank import Question
+    for wrong in ["with ~100-sequence batches verification competes for compute and the gain shrinks toward zero",
+                  "the difference between two 80 GB GPUs and one", "lab04 runs 10 requests: 80 steps instead of 122",
+                  "50.5 ms vs an 18.5 ms bound", "prefill instances stream the KV layer by layer, as it is produced",
+                  "aggregate TPS climbs almost linearly", "paged KV makes admission cheap and fragmentation-free",
+                  "at high concurrency decode is already compute-bound", "~16x at 4K",
+                  "saves nothing in decode", "one TP or expert-parallel group spans nine nodes",
+                  "over PCIe Gen4 (~25 GB/s)", "vLLM V1 recomputes by default",
+                  "TGI, in maintenance mode since December 2025"]:
+        q = Question.from_dict({**_raw_entry("batching-why"), "answer": wrong})
+        assert retired_claims(q), wrong
+
+
+def test_dated_facts_stay_in_their_entries(bank):
+    missing = [f"{qid}: {phrase!r}" for qid, phrases in REQUIRED_MENTIONS.items() for phrase in phrases
+               if not any(phrase in t for _, t in _reader_texts(bank.questions[qid]))]
+    assert not missing, "entries lost facts issue 32 added:\n" + "\n".join(missing)
+
+
+def test_what_the_bank_says_about_the_sampler_is_what_the_code_does(bank):
+    import inspect
+    from minillm.sampling import sampler
+    source = inspect.getsource(sampler.draw)
+    texts = [t for q in bank.questions.values() for _, t in _reader_texts(q)]
+    says_multinomial = [t for t in texts if re.search(r"\bSampler\b[^.]*\bdraws?\b[^.]*torch\.multinomial", t)]
+    says_race = [t for t in texts if "argmax(p / E)" in t or "exponential race" in t]
+    assert not says_multinomial or "multinomial" in source, f"the bank says the Sampler uses torch.multinomial: " \
+                                                            f"{says_multinomial[0][:120]}"
+    assert says_race and "exponential_" in source and ".argmax(" in source, \
+        "the bank describes minillm's draw as an exponential race argmax(p / E); sampler.draw must be one"
+
+
+def test_what_the_bank_says_about_bench_decode_defaults_is_what_the_cli_does(bank):
+    texts = [t for q in bank.questions.values() for _, t in _reader_texts(q)]
+    assert any("by default SmolLM2 keeps packed int4" in t for t in texts)
+    from minillm.bench.cli import _quantizations
+    from minillm.config import EngineConfig
+    with contextlib.redirect_stderr(io.StringIO()):
+        args = build_parser().parse_args(["bench", "decode"])
+    assert _quantizations(args)[0] == "auto" and EngineConfig().quantization == "auto", \
+        "the bank says `minillm bench decode` measures the packed (auto) path by default; its default changed"
+
+
+@pytest.mark.parametrize("model, tp, weights, prompt, output, cached, batch", [
+    ("llama-3.1-70b", 4, "bf16", 2000, 1000, 0, 125), ("llama-3.1-70b", 4, "fp8", 1000, 200, 500, 117),
+    ("llama-3.1-70b", 4, "bf16", 2000, 300, 0, 67), ("llama-3-8b", 1, "fp8", 1000, 30, 600, 100)])
+def test_fused_tpot_lies_between_the_decode_step_and_the_serial_estimate(model, tp, weights, prompt, output, cached,
+                                                                        batch):
+    """The fused chunked step (finding 6) can be no faster than decode alone and no slower than the estimator's
+    serial model, which adds every interleaved prefill as a pass of its own."""
+    from minillm.quiz.numbers import FUNCTIONS, serving
+    kw = dict(tp=tp, weights=weights)
+    fused = FUNCTIONS["fused_tpot"](model, "h100-sxm", prompt, output, batch, cached=cached, **kw)
+    serial = serving("tpot_s", model, "h100-sxm", prompt=prompt, output=output, cached=cached, batch=batch, **kw)
+    decode = serving("decode_step_s", model, "h100-sxm", prompt=prompt, output=output, cached=cached, batch=batch,
+                     **kw)
+    assert decode <= fused <= serial

@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minillm.quiz.bank import Question, read_yaml
-from minillm.quiz.match import explain, match_key_points, tokens
+from minillm.quiz.match import ABBREVIATIONS, FILLER, _units, explain, match_key_points, says, tokens
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,3 +229,62 @@ def test_a_key_point_always_matches_its_own_text_and_case_does_not_matter(words)
     assert match_key_points(point, [point]) == [True]
     assert match_key_points(point.upper(), [point]) == [True]
     assert match_key_points(point.replace("-", " "), [point]) == [True]
+
+
+# --- negative cues, the polarity check, filler words and abbreviations (issue 32) -----------------------------------
+
+def test_the_issue_32_example_no_longer_ticks_the_point_that_refutes_it():
+    """Typing the mistake that speculative-decoding-distribution's last key point refutes ticks none of its points."""
+    from minillm.quiz.bank import load_bank
+    q = load_bank(REPO / "questions").questions["speculative-decoding-distribution"]
+    typed = "draft and target must use identical sampling settings"
+    marks = [explain(typed, kp, q.key_point_synonyms(i), cues=q.key_point_cues(i)) for i, kp in enumerate(q.key_points)]
+    assert not any(m.hit for m in marks)
+    refuted = [m for m in marks if m.refuted_by]
+    assert refuted and "your answer says" in refuted[0].reason()
+    right = ("q must be the distribution the draft actually sampled from, p the target's under the request's own "
+             "sampling settings; the settings may differ, the draft need not use identical sampling settings")
+    last = len(q.key_points) - 1
+    assert explain(right, q.key_points[last], q.key_point_synonyms(last), cues=q.key_point_cues(last)).hit
+
+
+@pytest.mark.parametrize("typed, cue, asserted", [
+    ("the draft must use identical sampling settings", "identical sampling settings", True),
+    ("The draft must use the identical sampling setting", "identical sampling settings", True),   # stems, articles
+    ("the draft does not need identical sampling settings", "identical sampling settings", False),
+    ("never offload the KV of sequences that are still decoding", "offload the KV of sequences", False),
+    ("you should avoid offloading the KV of sequences still decoding", "offloading the KV of sequences", False),
+    ("offloading the KV of sequences still decoding saves memory", "offloading the KV of sequences", True),
+    ("sampling settings that are identical", "identical sampling settings", False),     # order matters
+    ("", "identical sampling settings", False),
+])
+def test_says_finds_an_asserted_phrase_and_not_a_denied_one(typed, cue, asserted):
+    assert says(typed, cue) is asserted
+
+
+def test_a_cue_blocks_the_tick_and_match_key_points_takes_cues():
+    point = "Accept drafted token x with probability min(1, p(x)/q(x))"
+    typed = "accept each drafted token x with probability min(1, p/q); keep the longest prefix the target agrees with"
+    assert explain(typed, point).hit
+    assert not explain(typed, point, cues=["longest prefix the target agrees with"]).hit
+    cues = [["longest prefix the target agrees with"], []]
+    assert match_key_points(typed, [point, point], cues=cues) == [False, True]
+
+
+def test_filler_words_are_never_required():
+    assert {"use", "shrink", "roughly"} <= FILLER
+    point = "Use KV heads, not query heads, so GQA/MQA shrink it roughly 4x"
+    assert all(u.shown.lower() not in FILLER for u in _units(point))
+    assert explain("count KV heads rather than query heads; GQA and MQA cut it 4x", point).hit
+
+
+@pytest.mark.parametrize("short, spelled", [
+    ("TP", "tensor parallelism"), ("PP", "pipeline parallelism"), ("EP", "expert parallelism"),
+    ("DP", "data parallelism"), ("MoE", "mixture of experts"), ("MLA", "multi-head latent attention"),
+    ("MTP", "multi-token prediction"),
+])
+def test_new_abbreviations_match_either_way(short, spelled):
+    assert short.lower() in ABBREVIATIONS
+    assert explain(f"we run {spelled} inside the node", f"{short} inside the node").hit
+    assert explain(f"we run {short} inside the node", f"{spelled} inside the node").hit
+    assert not explain("we run it inside the node", f"{spelled} inside the node").hit

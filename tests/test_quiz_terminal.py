@@ -234,7 +234,10 @@ def test_filters_ignore_case_and_list_respects_them(bank_dir, capsys):
     assert "  kv-two  kv-cache, hard" in out and "kv-one" not in out and "serving" not in out
     assert next(l for l in out.splitlines() if l.startswith("total")).split()[-1] == "1"
     assert _main("quiz", "--bank", str(bank_dir), "--list", "--lab", "LAB4") == 0          # lab4 = lab04
-    assert "1 of 4 questions match --lab LAB4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1 of 4 questions match --lab LAB4" in out
+    per_lab = next(line for line in out.splitlines() if line.startswith("questions per lab"))
+    assert per_lab == "questions per lab: lab01 1, lab04 1"        # the labs the selection touches, no zeros
     assert _main("quiz", "--bank", str(bank_dir), "--list", "--level", "Scenario") == 0
     assert "  serve-p99  serving, scenario" in capsys.readouterr().out
     assert _main("quiz", "--bank", str(bank_dir), "--export", "Markdown", "-", "--topic", "SERVING") == 0

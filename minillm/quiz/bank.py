@@ -70,7 +70,7 @@ class Question:
     level: str
     question: str
     answer: str
-    key_points: tuple[str, ...]      # the points' text; a point written as {point, synonyms} gives its point
+    key_points: tuple[str, ...]      # the points' text; a point written as {point, ...} gives its point
     common_mistake: str
     follow_ups: tuple[str, ...]
     labs: tuple[str, ...]
@@ -80,6 +80,8 @@ class Question:
     checks: tuple[dict[str, Any], ...] = ()
     file: Path | None = field(default=None, compare=False)
     synonyms: tuple[tuple[str, ...], ...] = ()   # per key point, other ways to say it (empty tuples when none)
+    cues: tuple[tuple[str, ...], ...] = ()       # per key point, phrases of the mistake it refutes (`not:`)
+    measured: tuple[dict[str, Any], ...] = ()    # figures about minillm, each read from a results/ record
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], file: Path | None = None) -> "Question":
@@ -87,6 +89,8 @@ class Question:
         return cls(id=d["id"], topic=d["topic"], level=d["level"], question=normalize(d["question"]),
                    answer=normalize(d["answer"]), key_points=tuple(normalize(p["point"]) for p in points),
                    synonyms=tuple(tuple(p.get("synonyms") or ()) for p in points),
+                   cues=tuple(tuple(p.get("not") or ()) for p in points),
+                   measured=tuple(d.get("measured") or ()),
                    common_mistake=normalize(d["common_mistake"]), follow_ups=tuple(map(normalize, d["follow_ups"])),
                    labs=tuple(d["labs"]), evidence=tuple(d["evidence"]), sources=tuple(d["sources"]),
                    design=Design(**{k: normalize(v) for k, v in d["design"].items()}) if d.get("design") else None,
@@ -94,6 +98,9 @@ class Question:
 
     def key_point_synonyms(self, i: int) -> tuple[str, ...]:
         return self.synonyms[i] if i < len(self.synonyms) else ()
+
+    def key_point_cues(self, i: int) -> tuple[str, ...]:
+        return self.cues[i] if i < len(self.cues) else ()
 
     def in_lab(self, lab: str) -> bool:
         """`lab04` matches lab04 and its parts (lab04_2); `lab04_2` matches only that part."""

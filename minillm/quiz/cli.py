@@ -30,10 +30,11 @@ and again, rises on easy, never below 1.3. A round asks overdue questions first,
 
 Typed answers: a key point is ticked [x] when at least 60% of its content words appear in your
 text (after lower-casing, dropping punctuation and stopwords, crude stemming so batched = batching;
-KV-cache = kv cache = kvcache; hyphenated terms such as copy-on-write must appear whole), or 60% of
-one of the synonyms the bank lists for it; under each tick it shows the words that matched. It is
-a keyword match, not a judge: it cannot tell a right statement from a wrong one that uses the same
-words.
+KV-cache = kv cache = kvcache; TP = tensor parallelism; hyphenated terms such as copy-on-write must
+appear whole; filler such as "use", "shrink", "roughly" is never required), or 60% of one of the
+synonyms the bank lists for it; under each tick it shows the words that matched. A point is not
+ticked when your text asserts the mistake it corrects (the bank lists those phrases; "do not ..."
+before one does not count as asserting it). It is still a keyword match, not a judge.
 
 Filters (--topic, --level, --lab) ignore case, apply to --list and --export too, and an unknown
 value is an error that lists the valid ones.
@@ -195,6 +196,8 @@ def print_list(bank: Bank, out: TextIO, questions: list | None = None, filters: 
         for lab in {l.split("_")[0] for l in q.labs}:
             by_lab[lab] = by_lab.get(lab, 0) + 1
     shown = [lab for lab in LABS if planned or lab in built_labs()]
+    if questions is not None:      # filtered: the labs the selection touches, not a row of zeros
+        shown = [lab for lab in shown if by_lab.get(lab)]
     out.write("questions per lab: " + ", ".join(f"{lab} {by_lab.get(lab, 0)}" for lab in shown) + "\n")
     if questions is not None:
         iw = max(len(q.id) for q in selected)

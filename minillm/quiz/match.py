@@ -8,7 +8,14 @@ and "kvcache" match each other; a hyphenated term in the key point ("copy-on-wri
 A key point may carry synonyms in the bank (other ways to say it); the point is ticked when it or any one of
 its synonyms reaches the threshold, and `explain` says which words did it.
 
-It cannot tell a right statement from a wrong one that uses the same words.
+Filler words ("use", "shrink", "roughly", "about", ...) are never required: a key point's units skip them, so a
+candidate is not marked down for saying "cuts" instead of "shrinks" or leaving out "roughly".
+
+A key point may also carry negative cues (`not:` in the bank): phrases that state the mistake it refutes. When
+the typed answer contains one of them (its words in order, articles ignored, stems compared), the point is not
+ticked whatever its score, and `explain` names the phrase. So typing an entry's common mistake ("draft and target
+must use identical sampling settings") cannot tick the point written to refute it. Beyond those cues it is still
+a keyword match: it cannot tell a right statement from a wrong one that uses the same words.
 """
 from __future__ import annotations
 
@@ -33,6 +40,12 @@ NUMBER_WORDS = {
     "thousand": "1000", "twice": "2 x", "double": "2 x", "half": "0.5", "times": "x", "multiplied": "x",
 }
 
+# Words a key point may contain but never requires: verbs and hedges with many equivalent phrasings.
+FILLER = frozenset("""
+use uses used using shrink shrinks shrank shrinking shrunk roughly approximately around nearly almost
+typically usually often basically simply really quite rather somewhat
+""".split())
+
 _TOKEN = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
 
 # Abbreviations a candidate may spell out, or a key point may (and the other side not): either form matches.
@@ -41,6 +54,9 @@ ABBREVIATIONS = {
     "kv": "key value", "lru": "least recently used", "gqa": "grouped-query attention",
     "mqa": "multi-query attention", "mha": "multi-head attention", "dfa": "deterministic finite automaton",
     "cfg": "context-free grammar", "hbm": "high-bandwidth memory", "slo": "service level objective",
+    "tp": "tensor parallelism", "pp": "pipeline parallelism", "ep": "expert parallelism", "dp": "data parallelism",
+    "moe": "mixture of experts", "mla": "multi-head latent attention", "mtp": "multi-token prediction",
+    "fsm": "finite state machine",
 }
 
 _KEEP_ING = frozenset({"string", "thing", "during", "bring", "spring", "nothing", "something"})
@@ -120,7 +136,7 @@ def _units(phrase: str) -> list[_Unit]:
         if len(parts) > 1 and re.search(r"[a-z0-9][-_][a-z0-9]", chunk) and any(t not in STOPWORDS for t in parts):
             units.append(_Unit(parts, re.sub(r"^\W+|\W+$", "", chunk)))
         else:
-            units += [_Unit((t,), w) for w, t in words if t not in STOPWORDS]
+            units += [_Unit((t,), w) for w, t in words if t not in STOPWORDS and w not in FILLER]
     seen: set[tuple[str, ...]] = set()
     return [u for u in units if not (u.parts in seen or seen.add(u.parts))]
 
@@ -134,7 +150,9 @@ def _found(units: list[_Unit], answer: list[str]) -> list[bool]:
     answer matches "kvcache" in a key point), and adjacent key-point units do too ("kvcache" in the answer
     matches "kv cache" in the key point). An abbreviation matches its words spelled out, either way round."""
     vocab = set(answer) | {a + b for a, b in zip(answer, answer[1:])}
-    vocab |= {w for a in vocab & ABBREVIATIONS.keys() for w in _expansion(a)}     # "ttft" -> time, first, token
+    for a in vocab & ABBREVIATIONS.keys():          # "ttft" -> time, first, token; "mla" -> multi, head, multihead, ...
+        spelled = tokens(ABBREVIATIONS[a])
+        vocab |= _expansion(a) | {x + y for x, y in zip(spelled, spelled[1:])}
 
     def has(parts: tuple[str, ...]) -> bool:
         if "".join(parts) in vocab:                      # a word, or a compound run together ("kvcache")
@@ -151,6 +169,34 @@ def _found(units: list[_Unit], answer: list[str]) -> list[bool]:
     return hits
 
 
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def _cue_tokens(text: str) -> list[str]:
+    """Normalized tokens with articles dropped: what a negative cue is compared on (negations kept)."""
+    return [t for t in tokens(text) if t not in _ARTICLES]
+
+
+# A cue preceded by one of these (within NEGATION_WINDOW tokens) is being denied, not asserted: "never offload the KV
+# of sequences still decoding" does not say the mistake "offload the KV of sequences still decoding".
+NEGATIONS = frozenset(_stem(w) for w in """not never no don doesn didn isn aren wasn weren won cannot avoid
+avoids avoiding without nor neither nobody instead rather unlike against wrong mistake myth""".split())
+NEGATION_WINDOW = 3
+
+
+def says(typed: str, phrase: str) -> bool:
+    """Does the typed answer assert the phrase: its tokens in order and adjacent (articles ignored, stems compared,
+    so 'identical sampling settings' is found in 'the draft must use the identical sampling setting'), with no
+    negation in the few tokens before it (the polarity check: 'do not require identical sampling settings' does
+    not assert it)?"""
+    cue, answer = _cue_tokens(phrase), _cue_tokens(typed)
+    n = len(cue)
+    if n == 0 or cue[0] in NEGATIONS:
+        return n > 0 and any(answer[i:i + n] == cue for i in range(len(answer) - n + 1))
+    return any(answer[i:i + n] == cue and not NEGATIONS & set(answer[max(0, i - NEGATION_WINDOW):i])
+               for i in range(len(answer) - n + 1))
+
+
 @dataclass(frozen=True)
 class PointMatch:
     """Why a key point was (not) ticked: the words of the best phrasing that the answer has and lacks."""
@@ -159,10 +205,13 @@ class PointMatch:
     matched: tuple[str, ...]        # as the phrasing writes them
     missing: tuple[str, ...]
     via: str | None = None          # the synonym that scored best; None when the key point's own words did
+    refuted_by: str | None = None   # the negative cue the answer contains (then hit is False)
 
     def reason(self) -> str:
         """'matched: kv, cache, layers', 'matched via "paged KV": paged, kv', 'partly: kv' (a point not ticked),
-        or '' when no word matched."""
+        'not ticked: your answer says "..." (the mistake this point refutes)', or '' when no word matched."""
+        if self.refuted_by is not None:
+            return f'not ticked: your answer says "{self.refuted_by}", the mistake this point corrects'
         if not self.matched:
             return ""
         how = ("matched" if self.hit else "partly") + (f' via "{self.via}"' if self.via else "")
@@ -178,15 +227,20 @@ def _score(typed_tokens: list[str], phrase: str) -> tuple[float, tuple[str, ...]
             tuple(u.shown for u, h in zip(units, hits) if not h))
 
 
-def explain(typed: str, key_point: str, synonyms: Sequence[str] = (), threshold: float = THRESHOLD) -> PointMatch:
+def explain(typed: str, key_point: str, synonyms: Sequence[str] = (), threshold: float = THRESHOLD,
+            cues: Sequence[str] = ()) -> PointMatch:
     """Match the key point and each synonym against the typed answer; report the best-scoring phrasing
-    (the key point itself on a tie)."""
+    (the key point itself on a tie). An answer containing one of the negative `cues` ticks nothing."""
     answer = tokens(typed) if typed.strip() else []
     candidates = []
     for via, phrase in [(None, key_point), *((s, s) for s in synonyms)]:
         score, matched, missing = _score(answer, phrase)
         candidates.append(PointMatch(score >= threshold - 1e-9, score, matched, missing, via))
-    return max(candidates, key=lambda m: (m.score, m.via is None))
+    best = max(candidates, key=lambda m: (m.score, m.via is None))
+    refuted = next((c for c in cues if says(typed, c)), None) if answer else None
+    if refuted is not None:
+        return PointMatch(False, best.score, best.matched, best.missing, best.via, refuted)
+    return best
 
 
 def key_point_score(typed: str, key_point: str) -> float:
@@ -195,9 +249,12 @@ def key_point_score(typed: str, key_point: str) -> float:
 
 
 def match_key_points(typed: str, key_points: Sequence[str], threshold: float = THRESHOLD,
-                     synonyms: Sequence[Sequence[str]] | None = None) -> list[bool]:
-    """Per key point: does the typed answer mention it (the point or one of its synonyms scores >= threshold)?"""
+                     synonyms: Sequence[Sequence[str]] | None = None,
+                     cues: Sequence[Sequence[str]] | None = None) -> list[bool]:
+    """Per key point: does the typed answer mention it (the point or one of its synonyms scores >= threshold)
+    without saying one of the point's negative cues?"""
     if not typed.strip():
         return [False] * len(key_points)
     syns = list(synonyms) if synonyms is not None else [()] * len(key_points)
-    return [explain(typed, kp, s, threshold).hit for kp, s in zip(key_points, syns)]
+    negs = list(cues) if cues is not None else [()] * len(key_points)
+    return [explain(typed, kp, s, threshold, c).hit for kp, s, c in zip(key_points, syns, negs)]

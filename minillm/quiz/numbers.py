@@ -109,6 +109,23 @@ def _decode_step(field: str, model: str, gpu: str, batch: int, context: float, *
     return getattr(step, field)
 
 
+def _fused_tpot(model: str, gpu: str, prompt: int, output: int, batch: int, cached: int = 0, **knobs: Any) -> float:
+    """TPOT when each step fuses the decode of `batch` streams with the prefill chunk they bring on average
+    (batch / output prompts per step, chunked): one forward pass whose time is the larger of its compute and
+    memory bounds, plus its all-reduces. minillm.fleet.estimator.estimate instead adds each prefill as its own
+    pass (serial); a real chunked-prefill engine sits between the two, nearer this one when the step is
+    memory-bound, because the prefill's FLOPs hide under the decode's weight and KV reads."""
+    eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
+    dep = est.Deployment(model, gpu, **knobs)
+    sc = est.Scenario(prompt, output, cached)
+    share = batch / output                                    # prompts prefilled per decode step
+    new = prompt - cached
+    ctx = est._mean_context(sc)
+    step = est.forward_time(dep, batch + share * new, batch * ctx + share * (cached + new / 2),
+                            batch * (ctx + 1) + share * est._prefill_pairs(sc), logit_tokens=batch, eff=eff)
+    return step.total_s
+
+
 def _batching_speedup(model: str, gpu: str, batch: int, context: float, **knobs: Any) -> float:
     """Decode tokens/s at `batch` over tokens/s at batch 1, every sequence at `context` tokens."""
     one = _decode_step("total_s", model, gpu, 1, context, **dict(knobs))
@@ -189,6 +206,7 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "serving": serving,                            # (field, model, gpu, prompt, output, ...): minillm.fleet
     "decode_step": _decode_step,                   # (field, model, gpu, batch, context, tp=1, weights=...)
     "batching_speedup": _batching_speedup,         # (model, gpu, batch, context, ...)
+    "fused_tpot": _fused_tpot,                     # (model, gpu, prompt, output, batch, cached=0, tp=...)
     "prefill_flops_per_s": _prefill_flops_per_s,   # (model, prompt, output, output_tokens_per_s, cached=0)
     "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
     "spec": _spec,                                 # (gpu, field='memory'|'hbm'|'link'|'domain')

@@ -132,7 +132,8 @@ class QuizSession:
                 self._print(s(f"  {name}", "bold"))
                 self._print(self._wrap(text, "    "))
         if typed.strip():
-            matches = [explain(typed, kp, q.key_point_synonyms(i)) for i, kp in enumerate(q.key_points)]
+            matches = [explain(typed, kp, q.key_point_synonyms(i), cues=q.key_point_cues(i))
+                       for i, kp in enumerate(q.key_points)]
             self._lines(wrap(f"Key points: your answer mentions {sum(m.hit for m in matches)} of {len(matches)} "
                              "(a keyword match, not a judge)", w, "", "  "), "Key points:", "bold")
             for kp, m in zip(q.key_points, matches):
