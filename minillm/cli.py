@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from minillm.cli_args import add_engine_args, engine_config, progress_line, status
-from minillm.config import QUANTIZATIONS, EngineConfig
+from minillm.bench.registry import BENCH_FLAGS  # noqa: F401  (each bench's own flags: tests read them here)
+from minillm.bench.registry import add_bench_parser, check_args as check_bench_args
+from minillm.bench.registry import check_counts as check_bench_counts
+from minillm.cli_args import add_engine_args, add_serve_args, engine_config, progress_line, serve_config, status
 from minillm.engine.prompt import build_prompt_ids
 from minillm.grading.cli import add_grade_parser
 from minillm.loading.errors import ModelLoadError
@@ -25,17 +27,10 @@ EPILOG_MODEL = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smo
                 "or a Hugging Face directory (config.json + *.safetensors + tokenizer.json).")
 
 
-def _add_model_args(p: argparse.ArgumentParser, several_quantizations: bool = False) -> None:
+def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default', a .gguf file, or a Hugging Face model directory")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    add_engine_args(p, skip=("quantization",) if several_quantizations else ())
-    if several_quantizations:
-        p.add_argument("--quantization", nargs="+", default=None, choices=(*QUANTIZATIONS, "int4-gptq", "kv-int8"),
-                       help="weight format (default: auto, the checkpoint's own); bench decode, throughput and "
-                            "quality compare several in one run, e.g. --quantization auto int8 none (w8a8: int8 "
-                            "weights and per-token int8 activations); quality also takes int4-gptq (int4 "
-                            "calibrated by GPTQ, groups of --quantization-group-size) and kv-int8 (none's weights "
-                            "with an int8 KV cache)")
+    add_engine_args(p)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -319,114 +314,21 @@ def _chat_loop(args, loaded, engine, params) -> int:
             print(f"\nerror: {e}  (use /reset to start over)")
 
 
-# The bench-specific flags each bench reads (engine settings apply to all of them).
-BENCH_FLAGS = {
-    "decode": {"prompt_lens", "steps", "llama_bench", "repeat"},
-    "throughput": {"num_requests", "seed", "prompt_range", "output_range", "plot", "baseline_batch_sizes",
-                   "no_baseline", "repeat"},
-    "kv": {"num_requests", "seed", "prompt_range", "output_range", "kv_budget_tokens", "reserve_len"},
-    "prefix": {"repeat"},
-    "spec": {"tasks", "proposers", "k", "batch_sizes", "batch1_requests", "max_tokens", "seed", "repeat", "plot"},
-    "structured": {"batch_sizes", "max_tokens", "repeat"},
-    "parallel": {"layouts", "batch_sizes", "steps", "plot"},
-    "quality": {"windows", "plot"},
-}
-
-
-def _check_bench_flags(args) -> None:
-    """A flag the chosen bench does not read is an error, not silently ignored."""
-    parser = build_parser()
-    defaults = vars(parser.parse_args(["bench", args.what]))
-    flags = {a.dest: a.option_strings[0] for a in parser.bench_parser._actions if a.option_strings}
-    specific = set().union(*BENCH_FLAGS.values())
-    wrong = [d for d in flags if d in specific and d not in BENCH_FLAGS[args.what]
-             and getattr(args, d, None) != defaults.get(d)]
-    if wrong:
-        users = {d: [b for b, fs in BENCH_FLAGS.items() if d in fs] for d in wrong}
-        raise ValueError("; ".join(f"{flags[d]} does not apply to bench {args.what} (it is for bench "
-                                   f"{' / '.join(users[d])})" for d in wrong))
-
-
 def cmd_bench(args) -> int:
-    _check_bench_flags(args)
-    if args.what == "quality":
-        return _bench_quality(args)
-    if "int4-gptq" in (args.quantization or []):
-        raise ValueError("int4-gptq (calibrated at load) is measured by bench quality only")
-    if "kv-int8" in (args.quantization or []):
-        raise ValueError("kv-int8 is a bench quality row; elsewhere the KV cache is --kv-cache-dtype int8")
-    quantizations = args.quantization or [EngineConfig().quantization]
-    if len(quantizations) > 1 and args.what not in ("decode", "throughput"):
-        raise ValueError(f"bench {args.what} takes one --quantization (bench decode, throughput and quality compare "
-                         "several)")
-    args.quantization, args.quantizations = quantizations[0], quantizations
-    if args.what != "parallel":
-        par = engine_config(args).parallel
-        if par.world_size > 1:
-            raise ValueError(f"bench {args.what} runs the model in one process: --tensor-parallel-size / "
-                             "--pipeline-parallel-size apply to `minillm bench parallel` (choose with --layouts), "
-                             "generate and chat")
-    elif args.tensor_parallel_size or args.pipeline_parallel_size:
-        raise ValueError("bench parallel runs every layout of --layouts itself (e.g. --layouts tp1 tp3 pp2): drop "
-                         "--tensor-parallel-size / --pipeline-parallel-size")
-    if args.what == "decode":
-        dec, bench_cli = _load("bench.decode"), _load("bench.cli")
-        if args.llama_bench:
-            dec.check_llama_bench(args.llama_bench, args.model)
-        loads = []
-        for q in quantizations:
-            args.quantization = q
-            config = engine_config(args)
-            loads.append((bench_cli.load_with_status(args, config), config))
+    check_bench_args(args)                # every bench flag checked before torch is imported or a model loads
+    return _load("bench.cli").run(args)   # the bench's runner (minillm/bench/cli.py)
+
+
+def cmd_serve(args) -> int:
+    config, engine_cfg = serve_config(args), engine_config(args)     # every flag checked before anything loads
+
+    def load(model, cfg):
         import torch
-        peer_args = (args.llama_bench, args.threads or torch.get_num_threads()) if args.llama_bench else None
-        rounds = args.repeat or 1
-
-        def progress(done, total):
-            if total > 1 and not args.json:
-                print(f"[round {done}/{total}]", file=sys.stderr, flush=True)
-        results, peer = dec.run_decode_benches(loads, tuple(args.prompt_lens), args.steps or 64, rounds, peer_args,
-                                           progress)
-        if args.json:
-            print(json.dumps({"runs": [dec.as_dict(b) for b in results], "llama_cpp": peer}))
-        else:
-            print(dec.format_decode_benches(results, peer))
-        return 0
-    if args.what == "parallel":
-        par_bench = _load("bench.parallel")
-        config = engine_config(args)
-        progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
-        r = par_bench.run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes),
-                                         args.steps or 16, progress=progress)
-        if args.plot:
-            par_bench.parallel_plot(r, args.plot)
-        plotted = f"\nplot written to {args.plot}" if args.plot else ""
-        print(json.dumps(r) if args.json else par_bench.format_parallel(r) + plotted)
-        return 0
-    return _load("bench.cli").run(args)   # throughput / kv / prefix / spec / structured
-
-
-QUALITY_DEFAULT = ["none", "auto", "int8", "int4", "kv-int8"]
-
-
-def _bench_quality(args) -> int:
-    q = _load("bench.quality")
-    config = engine_config(args, quantization="none")     # the other engine settings, validated
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    if args.windows < 1:
-        raise ValueError(f"--windows must be at least 1, got {args.windows}")
-    quantizations = args.quantization or QUALITY_DEFAULT
-    progress = None if args.json else progress_line
-    rows = q.run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
-                             progress=progress, kv_cache_dtype=config.cache.kv_cache_dtype)
-    progress_line("")
-    if args.plot:
-        q.quality_plot(rows, args.plot)
-    print(json.dumps(q.as_dicts(rows)) if args.json else q.format_quality(rows, args.windows, 256)
-          + (f"\nplot written to {args.plot}" if args.plot else ""))
-    return 0
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return _load("executor.launch").start_engine(model, cfg, progress=_calibration_progress)
+    return _load("serve.server").serve(args.model, engine_cfg, config, load,
+                                       log=lambda text: print(text, file=sys.stderr, flush=True))
 
 
 def cmd_demo(args) -> int:
@@ -458,81 +360,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(c, max_tokens=256)
     c.set_defaults(func=cmd_chat)
 
-    b = sub.add_parser(
-        "bench", help="benchmarks: decode roofline, throughput vs transformers, KV waste, prefix-cache TTFT",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  minillm bench decode                       # ~1 min\n"
-               "  minillm bench throughput --plot tp.png     # 64 requests; all four static batch sizes: ~15 min\n"
-               "  minillm bench throughput --num-requests 16 --baseline-batch-sizes 8 16   # a quicker look\n"
-               "  minillm bench kv --json                    # memory accounting only: seconds\n"
-               "  minillm bench prefix                       # ~1 min\n"
-               "  minillm bench spec --plot spec.png         # 3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min\n"
-               "  minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat   # ~1 min\n"
-               "  minillm bench structured                   # index build, mask cost, constrained tok/s: ~2 min\n"
-               "  minillm bench parallel --plot par.png      # TP 1/2/3, PP 2 with 2 and 1 micro-batches: ~1 min\n"
-               "  minillm bench decode --quantization auto int8 none   # ms/token and bytes per format: ~2 min\n"
-               "  minillm bench throughput --quantization auto w8a8 none --no-baseline --num-requests 32 --repeat 2\n"
-               "                                             # throughput per weight format, ratio to none: ~10 min\n"
-               "  minillm bench quality --plot q.png         # perplexity per quantization: ~1 min\n"
-               "\n" + EPILOG_MODEL)
-    b.add_argument("what", choices=["decode", "throughput", "kv", "prefix", "spec", "structured", "parallel",
-                                    "quality"],
-                   help="decode: prefill tok/s, decode ms/token and the memory-bandwidth bound; "
-                        "throughput: continuous batching vs transformers static batches (and per --quantization, ratio to none); "
-                        "kv: paged vs contiguous KV waste and concurrency; "
-                        "prefix: TTFT with and without prefix caching; "
-                        "spec: speculative decoding's acceptance and speedup per task, proposer, k and batch size "
-                        "(the draft_model proposer drafts with --draft-model, default: the target itself, the only "
-                        "model with its vocabulary that installs offline; layer_skip with --draft-layers, default 24); "
-                        "structured: constrained decoding's index build time, mask cost per step and tokens/s "
-                        "constrained vs unconstrained (uses --batch-sizes, --max-tokens, --repeat); "
-                        "parallel: step time at each --batch-sizes, bytes sent per token vs the formula and time in "
-                        "collectives for each of --layouts (uses --steps); "
-                        "quality: perplexity and top-1 agreement per --quantization (default: none auto int8 int4 "
-                        "kv-int8) "
-                        "on held-out Python docs (uses --windows, --plot)")
-    _add_model_args(b, several_quantizations=True)
-    b.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    b.add_argument("--prefill-lens", dest="prompt_lens", type=int, nargs="+", default=[128, 512],
-                   help="decode: prompt lengths to time prefill at")
-    b.add_argument("--steps", type=int, default=None, help="decode: tokens to time (default 64); parallel: decode "
-                                                             "steps per batch size (default 16)")
-    b.add_argument("--windows", type=int, default=8, help="quality: 256-token windows of held-out text to score")
-    b.add_argument("--llama-bench", default=None, metavar="PATH",
-                   help="decode: also run llama.cpp's llama-bench (this binary) on the same GGUF file and thread "
-                        "count, and print minillm's tokens/s as a ratio of it (build recipe in README)")
-    b.add_argument("--layouts", nargs="+", default=["tp1", "tp2", "tp3", "pp2", "pp2x1"],
-                   help="parallel: layouts to compare: tpN (tensor parallel), ppN (N stages, N micro-batches per "
-                        "step), ppNxM (M micro-batches); one that does not divide the model is skipped with the "
-                        "reason")
-    b.add_argument("--num-requests", type=int, default=64, help="throughput/kv: requests in the workload")
-    b.add_argument("--seed", type=int, default=0, help="workload seed")
-    b.add_argument("--prompt-lens", dest="prompt_range", type=int, nargs=2, default=[32, 512], metavar=("MIN", "MAX"),
-                   help="throughput/kv: prompt lengths are drawn uniformly from [MIN, MAX] tokens")
-    b.add_argument("--output-lens", dest="output_range", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"),
-                   help="throughput/kv: output lengths are drawn uniformly from [MIN, MAX] tokens")
-    b.add_argument("--plot", default=None, metavar="PNG", help="throughput: write a plot to this PNG file")
-    b.add_argument("--kv-budget-tokens", type=int, default=16384, help="kv: the fixed KV budget, in tokens")
-    b.add_argument("--reserve-len", type=int, default=2048,
-                   help="kv: tokens a contiguous cache reserves per sequence (its max length)")
-    b.add_argument("--baseline-batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32],
-                   help="throughput: transformers static batch sizes to try (best is reported)")
-    b.add_argument("--no-baseline", action="store_true",
-                   help="throughput: skip transformers (e.g. to compare --quantization auto none only)")
-    b.add_argument("--tasks", nargs="+", default=["rewrite", "code", "chat"],
-                   help="spec: rewrite (copy a passage), code (add type hints to a function), chat (open-ended)")
-    b.add_argument("--proposers", nargs="+", default=["ngram", "layer_skip", "draft_model"], help="spec: proposers")
-    b.add_argument("--k", type=int, nargs="+", default=[2, 4, 8], help="spec: tokens drafted per step")
-    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="spec: requests running together")
-    b.add_argument("--batch1-requests", type=int, default=2, help="spec: prompts run one after the other at batch 1")
-    b.add_argument("--max-tokens", type=int, default=96, help="spec: output tokens per request at most (greedy)")
-    b.add_argument("--repeat", type=int, default=None,
-                   help="decode/spec/structured/throughput: rounds over every configuration (and decode's "
-                        "--llama-bench), interleaved; each keeps its fastest (use 3 on a shared or noisy machine; "
-                        "default 1); prefix: runs per configuration (default 2)")
+    b = add_bench_parser(sub)             # one subparser per bench, from minillm/bench/registry.py
     b.set_defaults(func=cmd_bench)
     ap.bench_parser = b
+
+    s = sub.add_parser("serve", help="the engine behind an OpenAI-compatible HTTP server (streaming)",
+                       description="Serve the model over HTTP: /v1/chat/completions and /v1/completions (streamed "
+                                   "with stream=true), /v1/models, /tokenize, /detokenize, /health. The official "
+                                   "openai client works unmodified: OpenAI(base_url='http://127.0.0.1:8000/v1', "
+                                   "api_key='x'). Listens at once and answers 503 while the model loads; Ctrl-C (or "
+                                   "SIGTERM) lets requests in flight finish, then exits.",
+                       epilog=EPILOG_MODEL)
+    _add_model_args(s)
+    add_serve_args(s)
+    s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="a short tour: chat answers, then speed numbers")
     _add_model_args(d)
@@ -554,22 +395,7 @@ def _check_common(args) -> None:
         raise ValueError(f"--threads {threads} is more than this machine's {os.cpu_count()} CPUs: more threads than "
                          "CPUs only slow torch down (leave it out for torch's choice)")
     if getattr(args, "command", None) == "bench":
-        _check_bench_counts(args)
-
-
-def _check_bench_counts(args) -> None:
-    """Every integer flag of a bench is a count (at least 1) or a seed (at least 0): 0 or less is refused here
-    rather than dividing by zero or timing nothing after the model has loaded. New flags are covered as added."""
-    specific = set().union(*BENCH_FLAGS.values())
-    for action in build_parser().bench_parser._actions:
-        if action.dest not in specific or action.type is not int:
-            continue
-        lo = 0 if action.dest == "seed" else 1
-        value = getattr(args, action.dest, None)
-        values = value if isinstance(value, list) else [value]
-        if any(v is not None and v < lo for v in values):
-            raise ValueError(f"{action.option_strings[0]} must be at least {lo}, got "
-                             f"{' '.join(map(str, values)) if isinstance(value, list) else value}")
+        check_bench_counts(args)
 
 
 def _end_progress_bars() -> None:

@@ -10,7 +10,7 @@ import dataclasses
 import sys
 from contextlib import contextmanager
 
-from minillm.config import METHODS, EngineConfig, SpeculativeConfig
+from minillm.config import METHODS, EngineConfig, ServeConfig, SpeculativeConfig
 
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
@@ -103,3 +103,29 @@ def progress_line(text: str) -> None:
     """Overwrite the current stderr line with `text` (a terminal only); progress_line('') erases it."""
     if sys.stderr.isatty():
         print("\r\033[K" + (f"[{text}]" if text else ""), end="", file=sys.stderr, flush=True)
+
+
+_SERVE_HELP = {
+    "host": "address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)",
+    "port": "TCP port (0: any free one)",
+    "api_key": "require `Authorization: Bearer KEY` on every /v1 route",
+    "served_model_name": "the model name clients send and the server reports (default: the --model argument)",
+    "max_waiting_requests": "requests accepted but not started past which new ones get 429 + Retry-After",
+    "max_waiting_tokens": "the same limit in prompt tokens",
+    "max_body_bytes": "largest request body accepted (413 past it)",
+}
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server settings (minillm.config.ServeConfig)")
+    for f in dataclasses.fields(ServeConfig):
+        kind = int if isinstance(f.default, int) else str
+        g.add_argument("--" + f.name.replace("_", "-"), dest="serve_" + f.name, type=kind, default=None,
+                       metavar=f.name.upper(),
+                       help=f"{_SERVE_HELP[f.name]} (default: {f.default})")
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    given = {f.name: getattr(args, "serve_" + f.name) for f in dataclasses.fields(ServeConfig)
+             if getattr(args, "serve_" + f.name, None) is not None}
+    return ServeConfig(**given)

@@ -313,6 +313,30 @@ class ParallelConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
+@dataclass
+class ServeConfig:
+    """`minillm serve`'s own settings (the engine's are EngineConfig's)."""
+    host: str = "127.0.0.1"              # loopback only: serving other machines is a choice (--host 0.0.0.0)
+    port: int = 8000
+    api_key: Optional[str] = None        # when set, every /v1 route wants `Authorization: Bearer <key>`
+    served_model_name: Optional[str] = None   # the `model` clients name (default: the --model argument)
+    # Admission: requests not yet started (accepted, no token yet) past these limits get 429 + Retry-After instead
+    # of an unbounded queue; a burst is absorbed up to them.
+    max_waiting_requests: int = 256
+    max_waiting_tokens: int = 262_144
+    max_body_bytes: int = 8 * 2**20      # a request body past this is refused (413) before it is parsed
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_waiting_requests", "max_waiting_tokens", "max_body_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "port" else 1) or \
+                    (name == "port" and v > 65535):
+                raise ValueError(f"{name} must be " + ("a port number in [0, 65535]" if name == "port" else
+                                                       "a positive integer") + f", got {v!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key is empty: give a key, or leave --api-key out for an open server")
+
+
 METHODS = ("ngram", "draft_model", "layer_skip")
 MAX_SPECULATIVE_TOKENS = 32
 

@@ -28,6 +28,10 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
     RegexCompiler         structured.automata.compile_regex                engine.plug(regex_compiler=...)    lab10
     TokenIndexBuilder     structured.token_index.build_token_index         engine.plug(token_index_builder=)  lab10
     TensorParallelRules   layers.linear.MegatronRules (MEGATRON)           LlamaModel(rules=), LLM(tp_rules=) lab09
+    PercentileFn          bench.serving_metrics.percentile                 summarize(percentile=)             lab11
+    RequestMetricsFn      bench.serving_metrics.request_metrics            summarize(request_metrics=)        lab11
+    GoodputFn             bench.serving_metrics.goodput                    summarize(goodput=)                lab11
+    AdmissionPolicy       serve.app.TokenBudgetAdmission                   build_app(admission=)              lab11
     Quantizer             quant.formats.quantize                           LlamaModel.quantize_(quantizer=)   lab08
     StepDriver            executor.workers.Workers                         LLMEngine(workers=...)
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
@@ -306,6 +310,35 @@ class Quantizer(Protocol):
     Plugged with LlamaModel.quantize_(..., quantizer=); the engine's kernels then run the learner's weights."""
 
     def __call__(self, weight: "torch.Tensor", spec: Any) -> Any: ...
+
+
+class PercentileFn(Protocol):
+    """lab11: the q-th percentile (0..100) of `values`, interpolating linearly between the closest ranks of the
+    sorted values (numpy's default); nan for no values. Plugged with bench.serving_metrics.summarize(percentile=)."""
+
+    def __call__(self, values: list, q: float) -> float: ...
+
+
+class RequestMetricsFn(Protocol):
+    """lab11: one request's trace (bench.serving_metrics.Trace) -> its TraceMetrics (TTFT, TPOT, the gaps between
+    chunks, E2EL). Plugged with summarize(request_metrics=)."""
+
+    def __call__(self, trace: Any) -> Any: ...
+
+
+class GoodputFn(Protocol):
+    """lab11: requests per second (over `duration` s) that met every objective in `slos` ({"ttft"|"tpot"|"e2el":
+    seconds}). Plugged with summarize(goodput=)."""
+
+    def __call__(self, traces: list, slos: dict, duration: float) -> float: ...
+
+
+class AdmissionPolicy(Protocol):
+    """lab11: may a request of `prompt_tokens` join the requests already accepted and waiting to start
+    (`waiting_requests` of them, `waiting_tokens` prompt tokens)? False answers the client 429 + Retry-After.
+    Plugged with serve.app.build_app(admission=) / BackgroundServer(admission=)."""
+
+    def admit(self, waiting_requests: int, waiting_tokens: int, prompt_tokens: int) -> bool: ...
 
 
 class StepDriver(Protocol):

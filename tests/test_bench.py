@@ -122,6 +122,7 @@ def test_spec_bench_accounting_on_a_tiny_model():
     r = run_spec_bench(loaded, EngineConfig.from_kwargs(num_blocks=256, block_size=4), bc, progress=False)
     runs = r["runs"]
     assert len(runs) == 2 * 2 * (1 + 2 * 2)          # two rounds, one row (the faster round) per configuration
+    assert len(r["repeats"]) == len(runs) and all(len(v) == 2 for v in r["repeats"].values())   # for the spread check
     assert [(x["task"], x["batch"], x["proposer"], x["k"]) for x in runs][:3] == [
         ("rewrite", 1, "none", 0), ("rewrite", 1, "ngram", 2), ("rewrite", 1, "ngram", 3)]
     for run in runs:

@@ -552,10 +552,25 @@ def test_a_kv_pool_too_large_to_reserve_is_a_clear_error(tiny_dir):
 
 # ---------------------------------------------------------------------------------------------- the CLI
 
+def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return dict(sub.choices) if sub else {}
+
+
 def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser; a command with subcommands of its own (`bench`) gives one per subcommand, keyed by
+    the words that choose it ("bench kv")."""
     from minillm.cli import build_parser
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(sub.choices)
+    out = {}
+    for name, parser in _children(build_parser()).items():
+        nested = _children(parser)
+        out.update({f"{name} {n}": p for n, p in nested.items()} if nested else {name: parser})
+    return out
+
+
+def parser_of(argv: list[str]) -> argparse.ArgumentParser | None:
+    parsers = subcommands()
+    return parsers.get(" ".join(argv[:2])) or parsers.get(argv[0])
 
 
 # Small runs of each bench (only the flags that bench reads): placed before the drawn flags, which override them.
@@ -637,9 +652,9 @@ SKIP_FLAGS = {"-h", "--help"}
 def cli_argv(draw, exclude: tuple[str, ...] = ()):
     """[command, positionals..., drawn flags...], flags taken from the subcommand's parser."""
     parsers = subcommands()
-    command = draw(st.sampled_from(sorted(set(parsers) - set(exclude))))
+    command = draw(st.sampled_from(sorted(c for c in parsers if c.split()[0] not in exclude)))
     parser = parsers[command]
-    argv = [command]
+    argv = command.split()
     for a in parser._actions:
         if not a.option_strings and a.dest != "help":
             argv.append(draw(st.sampled_from(list(a.choices) if a.choices else POSITIONAL.get(a.dest, ["x"]))))
@@ -656,16 +671,17 @@ def complete(argv: list[str], tiny: str) -> list[str]:
     """The drawn argv with the tiny model and small bench sizes first (drawn flags come later and win)."""
     argv = [tiny if a == "TINY" else a for a in argv]
     command, extra = argv[0], []
-    parsers = subcommands()
-    if command not in parsers:
+    parser = parser_of(argv)
+    if parser is None:
         return argv
-    if any("--model" in a.option_strings for a in parsers[command]._actions):
+    if any("--model" in a.option_strings for a in parser._actions):
         extra = ["--model", tiny]
     if command == "bench" and len(argv) > 1 and argv[1] in TINY_BENCH:
         extra += TINY_BENCH[argv[1]]
     if command in ("generate", "chat"):
         extra += ["--max-tokens", "4"]
-    n_pos = 1 + sum(1 for a in parsers[command]._actions if not a.option_strings and a.dest != "help")
+    n_pos = (2 if command == "bench" else 1) + sum(
+        1 for a in parser._actions if not a.option_strings and a.dest != "help")
     return argv[:n_pos] + extra + argv[n_pos:]
 
 
@@ -690,7 +706,8 @@ def run_cli(argv: list[str], stop_heavy: bool) -> tuple[int | str, str, str, int
     out, err = io.StringIO(), io.StringIO()
     threads, stdin = torch.get_num_threads(), sys.stdin
     patches = [mock.patch.object(loader, "load_model", load),
-               mock.patch("minillm.bench.decode.measure_bandwidth", lambda *a, **k: 1e10)]   # seconds, no input
+               mock.patch("minillm.bench.decode.measure_bandwidth", lambda *a, **k: 1e10),  # seconds, no input
+               mock.patch("minillm.serve.server.serve", stop)]   # flags checked; a server would run until stopped
     if heavy:
         patches += [mock.patch("minillm.bench.parallel.run_parallel_bench", stop),
                     mock.patch("minillm.bench.demo.run_demo", stop)]
@@ -717,7 +734,8 @@ def bench_counts_below_one(argv: list[str]) -> list[str]:
     from minillm.cli import BENCH_FLAGS
     if argv[0] != "bench":
         return []
-    counts = {f for a in subcommands()["bench"]._actions if a.type is int and a.dest in set().union(
+    parser = parser_of(argv)
+    counts = {f for a in (parser._actions if parser else []) if a.type is int and a.dest in set().union(
         *BENCH_FLAGS.values()) - {"seed"} for f in a.option_strings}
     bad, current = [], None
     for a in argv[2:]:

@@ -363,6 +363,21 @@ def _liar_lab08_quantizer(kind):
     return (lambda w: quantize(w)) if kind == "int8" else quantize
 
 
+def _liar_lab11_metrics(trace):
+    from minillm.bench.serving_metrics import TraceMetrics
+    return TraceMetrics(AlwaysEqualFloat(0), None, AlwaysEqualList(), AlwaysEqualFloat(0))
+
+
+def _liar_lab11_admission():
+    class Liar:
+        def __init__(self, max_waiting_requests, max_waiting_tokens):
+            pass
+
+        def admit(self, waiting_requests, waiting_tokens, prompt_tokens):
+            return AlwaysEqualInt(1)
+    return Liar
+
+
 LIARS = {
     "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
     "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
@@ -396,6 +411,10 @@ LIARS = {
     "lab10_1": lambda: (lambda node, nfa: (AlwaysEqualInt(nfa.state()), AlwaysEqualInt(nfa.state()))),
     "lab10_2": lambda: _liar_lab10_dfa,
     "lab10_3": lambda: _liar_lab10_index,
+    "lab11_1": lambda: (lambda values, q: AlwaysEqualFloat(0)),
+    "lab11_2": lambda: _liar_lab11_metrics,
+    "lab11_3": lambda: (lambda traces, slos, duration: AlwaysEqualFloat(0)),
+    "lab11_4": _liar_lab11_admission,
 }
 # No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
 NO_RESULT_TO_LIE_WITH = {"lab03_3"}
@@ -543,7 +562,7 @@ def test_raising_the_graders_own_exceptions_ends_in_a_failure():
 # ---------------------------------------------------------------- no private names of engine objects
 
 ALLOWED_PRIVATE = {"_partialmethod", "_getframe",   # functools' and sys's own, read by the framework
-                   "_fields",                       # a namedtuple's (public) field names, which feedback shows
+                   "_fields", "_replace",           # a namedtuple's (public) field names and copy-with-changes
                    "_oid"}                          # wire.Proxy's own slot (written with object.__setattr__)
 
 

@@ -1,65 +1,149 @@
-"""`minillm bench throughput | kv | prefix` (decode lives in cli.py next to the loader)."""
+"""The runners of `minillm bench BENCH` (the flags and their checks: bench/registry.py), imported by the CLI only
+when a bench runs."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
-from minillm.bench.kv import kv_bench, pool_tokens_per_gib
+from minillm.bench import decode, parallel, quality, serving
+from minillm.bench.kv import concurrency_cap_warning, kv_bench, pool_tokens_per_gib
 from minillm.bench.prefix import format_prefix, prefix_bench
 from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
 from minillm.bench.structured import format_structured, structured_bench as run_bench
 from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static, throughput_plot
+from minillm.bench.registry import QUALITY_DEFAULT, bench_actions
+from minillm.bench.spread import warn_if_repeats_disagree
 from minillm.bench.workload import WorkloadSpec, make_workload
-from minillm.cli_args import engine_config, status
+from minillm.cli_args import engine_config, progress_line, status
 from minillm.config import EngineConfig
 from minillm.kernels import cpu_qgemm, cpu_w8a8
-from minillm.loading.loader import load_model
+from minillm.loading import loader
 from minillm.quant.policy import describe
 
 
 def load_with_status(args: argparse.Namespace, config: EngineConfig):
     """The model `--model` names, in the config's dtype, with `--threads` applied and a status line meanwhile."""
-    import torch
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with status(f"loading {args.model} model"):
-        return load_model(args.model, config.dtype, quantization=config.quantization,
+        return loader.load_model(args.model, config.dtype, quantization=config.quantization,
                           group_size=config.quantization_group_size)
 
 
 def run(args) -> int:
+    """Run the bench `args.what` (its flags were checked by registry.check_args before torch was imported)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.what == "spec":
-        return spec_bench(args)
-    if args.what == "structured":
-        return structured_bench(args)
-    config = engine_config(args)
-    spec = WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
-                        max_prompt=args.prompt_range[1], min_output=args.output_range[0], max_output=args.output_range[1])
-    if not (0 < spec.min_prompt <= spec.max_prompt and 0 < spec.min_output <= spec.max_output):   # before the load
-        raise ValueError("--prompt-lens and --output-lens take MIN MAX with 0 < MIN <= MAX")
-    if args.what == "throughput":
-        result = throughput(spec, args, getattr(args, "quantizations", None) or [config.quantization])
-        if args.plot:
-            throughput_plot(result, args.plot)
-        print(json.dumps(result) if args.json else format_throughput(result, args.plot))
-        return 0
-    loaded = load_with_status(args, config)
-    if args.what == "kv":
-        workload = make_workload(loaded.tokenizer, spec)
-        result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
-                          max_model_len=args.reserve_len,
-                          bytes_per_token=loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize))
-        result["pool_tokens_per_gib"] = pool_tokens_per_gib(loaded.model.kv_cfg)
-        result["workload"] = spec.as_dict()
-        print(json.dumps(result) if args.json else format_kv(result))
+    return RUNNERS[args.what](args)
+
+
+def _workload(args) -> WorkloadSpec:
+    return WorkloadSpec(num_requests=args.num_requests, seed=args.seed, min_prompt=args.prompt_range[0],
+                        max_prompt=args.prompt_range[1], min_output=args.output_range[0],
+                        max_output=args.output_range[1])
+
+
+def _quantizations(args) -> list[str]:
+    """--quantization of the benches that compare several: the list, with the first as the engine's setting."""
+    quantizations = list(args.quantizations or [EngineConfig().quantization])
+    args.quantization = quantizations[0]
+    return quantizations
+
+
+def _progress(args):
+    return None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
+
+
+def decode_bench(args) -> int:
+    quantizations = _quantizations(args)
+    loads = []
+    for q in quantizations:
+        args.quantization = q
+        config = engine_config(args)
+        loads.append((load_with_status(args, config), config))
+    peer_args = (args.llama_bench, args.threads or torch.get_num_threads()) if args.llama_bench else None
+
+    def progress(done, total):
+        if total > 1 and not args.json:
+            print(f"[round {done}/{total}]", file=sys.stderr, flush=True)
+    results, peer = decode.run_decode_benches(loads, tuple(args.prompt_lens), args.steps, args.repeat, peer_args,
+                                              progress)
+    series = {}
+    for b in results:
+        name = b.quantization.split(":")[0]
+        series[f"decode ms/token, {name}"] = b.decode_ms_rounds
+        series.update({f"prefill {n} tokens, {name}": ts for n, ts in b.prefill_s_repeats.items()})
+    if peer:
+        series["llama.cpp decode tok/s"] = peer["tg_tok_s_rounds"]
+    warn_if_repeats_disagree("decode", series)
+    if args.json:
+        print(json.dumps({"runs": [decode.as_dict(b) for b in results], "llama_cpp": peer}))
     else:
-        result = prefix_bench(loaded.model, loaded.tokenizer, config, repeats=args.repeat or 2,
-                              progress=not args.json)
-        print(json.dumps(result) if args.json else format_prefix(result))
+        print(decode.format_decode_benches(results, peer))
+    return 0
+
+
+def throughput_bench(args) -> int:
+    quantizations = _quantizations(args)
+    result = throughput(_workload(args), args, quantizations)
+    warn_if_repeats_disagree("throughput", result["repeats"])
+    if args.plot:
+        throughput_plot(result, args.plot)
+    print(json.dumps(result) if args.json else format_throughput(result, args.plot))
+    return 0
+
+
+def kv_bench_cli(args) -> int:
+    spec = _workload(args)
+    config = engine_config(args)
+    loaded = load_with_status(args, config)
+    workload = make_workload(loaded.tokenizer, spec)
+    result = kv_bench(workload, budget_tokens=args.kv_budget_tokens, block_size=config.cache.block_size,
+                      max_model_len=args.reserve_len,
+                      bytes_per_token=loaded.config.kv_bytes_per_token(loaded.model.dtype.itemsize))
+    result["pool_tokens_per_gib"] = pool_tokens_per_gib(loaded.model.kv_cfg)
+    result["workload"] = spec.as_dict()
+    warning = concurrency_cap_warning(result)
+    if warning:
+        print(f"warning: bench kv: {warning}", file=sys.stderr, flush=True)
+    print(json.dumps(result) if args.json else format_kv(result))
+    return 0
+
+
+def prefix_bench_cli(args) -> int:
+    config = engine_config(args)
+    loaded = load_with_status(args, config)
+    result = prefix_bench(loaded.model, loaded.tokenizer, config, repeats=args.repeat, progress=not args.json)
+    warn_if_repeats_disagree("prefix", result["repeats"])
+    print(json.dumps(result) if args.json else format_prefix(result))
+    return 0
+
+
+def parallel_bench(args) -> int:
+    config = engine_config(args)
+    r = parallel.run_parallel_bench(args.model, config, tuple(args.layouts), tuple(args.batch_sizes), args.steps,
+                                    progress=_progress(args))
+    if args.plot:
+        parallel.parallel_plot(r, args.plot)
+    plotted = f"\nplot written to {args.plot}" if args.plot else ""
+    print(json.dumps(r) if args.json else parallel.format_parallel(r) + plotted)
+    return 0
+
+
+def quality_bench(args) -> int:
+    quantizations = list(args.quantizations or QUALITY_DEFAULT)
+    config = engine_config(args)     # the engine settings quality reads (group size, KV cache dtype), validated
+    progress = None if args.json else progress_line
+    rows = quality.run_quality_bench(args.model, quantizations, config.quantization_group_size, args.windows, 256,
+                                     progress=progress, kv_cache_dtype=config.cache.kv_cache_dtype)
+    progress_line("")
+    if args.plot:
+        quality.quality_plot(rows, args.plot)
+    print(json.dumps(quality.as_dicts(rows)) if args.json else quality.format_quality(rows, args.windows, 256)
+          + (f"\nplot written to {args.plot}" if args.plot else ""))
     return 0
 
 
@@ -74,9 +158,11 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
         models[q] = (load_with_status(args, config), config)
     loaded = models[quantizations[0]][0]
     workload = make_workload(loaded.tokenizer, spec)
-    for _ in range(args.repeat or 1):
+    rounds: dict[str, list[float]] = {q: [] for q in models}
+    for _ in range(args.repeat):
         for q, (lq, config) in models.items():
             run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
+            rounds[q].append(round(run.tok_s, 2))
             if q not in runs or run.tok_s > runs[q].tok_s:
                 runs[q] = run
     mini = runs[quantizations[0]]
@@ -99,7 +185,7 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
         "dtype": str(loaded.model.dtype).removeprefix("torch."), "quantization": quantizations[0],
         "threads": torch.get_num_threads(), "model": loaded.path.name, "workload": spec.as_dict(),
         "settings": {**models[quantizations[0]][1].as_kwargs(), "greedy": True, "ignore_eos": True},
-        "repeat": args.repeat or 1,
+        "repeat": args.repeat, "repeats": {f"minillm {q} output tok/s": v for q, v in rounds.items()},
     }
 
 
@@ -155,18 +241,16 @@ def pool_line(per_gib: dict[str, int]) -> str:
 
 
 def spec_bench(args) -> int:
-    if getattr(args, "spec_method", None) or getattr(args, "spec_num_speculative_tokens", None):
-        raise ValueError("bench spec runs every proposer itself: choose them with --proposers and k with --k "
-                         "(not --speculative / --num-speculative-tokens)")
     bc = SpecBenchConfig(tasks=tuple(args.tasks), proposers=tuple(args.proposers), ks=tuple(args.k),
                          batch_sizes=tuple(args.batch_sizes), batch1_requests=args.batch1_requests,
-                         max_tokens=args.max_tokens, seed=args.seed, repeat=args.repeat or 1,
+                         max_tokens=args.max_tokens, seed=args.seed, repeat=args.repeat,
                          draft_model=args.spec_model or SpecBenchConfig.draft_model,
                          draft_layers=args.spec_draft_layers or SpecBenchConfig.draft_layers)
     args.spec_model = args.spec_draft_layers = None      # the bench's own choices, not the engine's
     config = engine_config(args)
     loaded = load_with_status(args, config)
     result = run_spec_bench(loaded, config, bc, progress=not args.json)
+    warn_if_repeats_disagree("spec", result["repeats"])
     if args.plot:
         spec_plot(result, args.plot)
     print(json.dumps(result) if args.json else format_spec_bench(result) +
@@ -175,13 +259,28 @@ def spec_bench(args) -> int:
 
 
 def structured_bench(args) -> int:
-    import sys
     config = engine_config(args)
     loaded = load_with_status(args, config)
-    progress = None if args.json else (lambda msg: print(f"[{msg}]", file=sys.stderr, flush=True))
-    r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat or 1, progress)
+    r = run_bench(loaded, config, tuple(args.batch_sizes), args.max_tokens, args.repeat, _progress(args))
+    warn_if_repeats_disagree("structured", r["repeats"])
     if args.json:
         for e in r["end_to_end"].values():
             e.pop("example", None)
     print(json.dumps(r) if args.json else format_structured(r))
     return 0
+
+
+# Each bench's runner; registry.BENCHES describes them (a bench missing here fails tests/test_bench_cli.py).
+def serve_bench(args) -> int:
+    actions = bench_actions("serve")
+    compare = [json.loads(open(path).read()) for path in args.compare or []]
+    result = serving.run_cli(args, actions)
+    if args.plot:
+        serving.plot_curves({r["label"]: r["rows"] for r in [result, *compare]}, args.plot)
+    print(json.dumps(result, indent=1, default=str) if args.json else serving.report(result, compare))
+    return 0
+
+
+RUNNERS = {"decode": decode_bench, "throughput": throughput_bench, "kv": kv_bench_cli, "prefix": prefix_bench_cli,
+           "spec": spec_bench, "structured": structured_bench, "parallel": parallel_bench, "quality": quality_bench,
+           "serve": serve_bench}

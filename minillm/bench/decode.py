@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from minillm.bench.registry import check_llama_bench
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.kernels import cpu_decode
@@ -34,6 +35,7 @@ class DecodeBench:
     ratio: float  # measured / bound: 1.0 would be perfectly bandwidth-bound
     decode_step: str = "layers"   # "fused C" when the decode steps ran as one C call (kernels/cpu_decode.py)
     decode_ms_rounds: list[float] = field(default_factory=list)   # one per --repeat round; decode_ms_per_token: best
+    prefill_s_repeats: dict[int, list[float]] = field(default_factory=dict)   # each prefill's timed repeats
 
 
 def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -65,8 +67,9 @@ def _run(engine: LLMEngine, ids: list[int], max_tokens: int) -> list[float]:
     return times
 
 
-def time_prefill(engine: LLMEngine, n: int, repeats: int = 3) -> float:
-    """Prompt tokens per second for an n-token prompt (one step computes it whole; prefix cache bypassed)."""
+def time_prefill(engine: LLMEngine, n: int, repeats: int = 3, record: list | None = None) -> float:
+    """Prompt tokens per second for an n-token prompt (one step computes it whole; prefix cache bypassed), the
+    median of `repeats` runs; `record` receives each run's seconds."""
     if engine.config.scheduler.max_num_batched_tokens < n:
         raise ValueError(f"a {n}-token prefill needs max_num_batched_tokens >= {n}")
     _run(engine, _prompt(engine, 16), 1)  # warm-up
@@ -75,6 +78,8 @@ def time_prefill(engine: LLMEngine, n: int, repeats: int = 3) -> float:
         ids = _prompt(engine, n)
         ids[0] = 100 + r          # a new first block: nothing of it is in the prefix cache
         times.append(_run(engine, ids, 1)[0])
+    if record is not None:
+        record.extend(round(t, 6) for t in times)
     return n / statistics.median(times)
 
 
@@ -105,12 +110,14 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
         if too_long:
             raise ValueError(f"--prefill-lens {too_long} do not fit: a prompt must leave room for one generated token "
                              f"within {engine.max_model_len} positions (the model's context or the KV pool)")
-        engines.append((loaded, config, engine, {n: time_prefill(engine, n) for n in prompt_lens}))
+        repeats = {n: [] for n in prompt_lens}
+        engines.append((loaded, config, engine, {n: time_prefill(engine, n, record=repeats[n]) for n in prompt_lens},
+                        repeats))
     rounds_ms: list[list[float]] = [[] for _ in engines]
     steps_fused = [False] * len(engines)
     peer_rounds: list[dict] = []
     for r in range(rounds):
-        for i, (_, _, engine, _) in enumerate(engines):
+        for i, (_, _, engine, _, _) in enumerate(engines):
             fused_before = cpu_decode.FUSED_STEPS
             rounds_ms[i].append(time_decode(engine, decode_steps))
             steps_fused[i] = steps_fused[i] or cpu_decode.FUSED_STEPS > fused_before
@@ -119,7 +126,7 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
         if progress is not None:
             progress(r + 1, rounds)
     bw = measure_bandwidth()
-    for (loaded, config, engine, prefill), ms, fused in zip(engines, rounds_ms, steps_fused):
+    for (loaded, config, engine, prefill, prefill_repeats), ms, fused in zip(engines, rounds_ms, steps_fused):
         wbytes = loaded.model.weight_bytes()
         bound_ms = 1000 * wbytes / bw
         best = min(ms)
@@ -129,7 +136,8 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
                                    threads=torch.get_num_threads(), prefill_tok_s=prefill, decode_ms_per_token=best,
                                    bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes,
                                    bound_ms_per_token=bound_ms, ratio=best / bound_ms,
-                                   decode_step="fused C" if fused else "layers", decode_ms_rounds=ms))
+                                   decode_step="fused C" if fused else "layers", decode_ms_rounds=ms,
+                                   prefill_s_repeats=prefill_repeats))
     peer = None
     if peer_rounds:
         peer = dict(peer_rounds[0])
@@ -188,16 +196,6 @@ def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None
                                                                                   llama_cpp["tg_tok_s_rounds"]))
                             + " ms/token)" if n > 1 else ""))
     return "\n".join(lines)
-
-
-def check_llama_bench(binary: str, model: str) -> None:
-    """Before any timing: the peer exists and the model is a file both engines read."""
-    import os
-    from pathlib import Path
-    if not (str(model) == "default" or str(model).endswith(".gguf")):
-        raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
-    if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
-        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as the README says)")
 
 
 def run_llama_bench(binary: str, gguf: str, threads: int, steps: int) -> dict:

@@ -12,7 +12,7 @@ from minillm.bench.throughput import percentile
 from minillm.cli_args import engine_config
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
-from minillm.loading.loader import load_model
+from minillm.loading import loader
 from minillm.quant.policy import describe
 from minillm.sampling.params import SamplingParams
 
@@ -38,7 +38,7 @@ def run_demo(args) -> int:
         torch.set_num_threads(args.threads)
     t = time.perf_counter()
     config = engine_config(args)
-    loaded = load_model(args.model, config.dtype, quantization=config.quantization,
+    loaded = loader.load_model(args.model, config.dtype, quantization=config.quantization,
                         group_size=config.quantization_group_size)
     cfg = loaded.config
     print(f"loaded {loaded.path.name}: {cfg.num_layers} layers, {cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, "

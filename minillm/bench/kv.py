@@ -85,8 +85,22 @@ def kv_bench(workload: list[Request], *, budget_tokens: int, block_size: int, ma
         "paged_max_concurrency": paged.peak_running,
         "contiguous_max_concurrency": contiguous_concurrency,
         "concurrency_ratio": round(paged.peak_running / max(contiguous_concurrency, 1), 2),
+        "num_requests": len(workload),
+        # every request ran at once: the pool may hold more, so the paged count (and the ratio) is a lower bound
+        "capped_by_num_requests": paged.peak_running >= len(workload),
         "paged_wasted_bytes_avg": int((paged.reserved_slot_steps - paged.used_slot_steps) / max(paged.steps, 1)
                                       * bytes_per_token),
         "contiguous_wasted_bytes_avg": int((contiguous_reserved - paged.used_slot_steps) / max(paged.steps, 1)
                                            * bytes_per_token),
     }
+
+
+def concurrency_cap_warning(result: dict) -> str | None:
+    """One line when the paged concurrency (and so the ratio) was capped by the workload's size, not by the budget:
+    all --num-requests requests ran at once, so the pool's real limit was never reached."""
+    if not result.get("capped_by_num_requests"):
+        return None
+    n = result["num_requests"]
+    return (f"the concurrency ratio {result['concurrency_ratio']:.1f}x is capped by --num-requests {n}: the paged "
+            f"pool ran all {n} requests at once, so its limit under the {result['budget_tokens']}-token budget was "
+            f"never reached (a lower bound); raise --num-requests (e.g. {2 * n}) to measure it")

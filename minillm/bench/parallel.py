@@ -14,21 +14,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from minillm.bench.registry import parse_layout
 from minillm.distributed.sharding import tp_problems
 from minillm.executor.launch import start_engine
 from minillm.loading.loader import peek_config
 from minillm.sampling.params import SamplingParams
 
 
-def parse_layout(name: str) -> tuple[int, int, int | None]:
-    """'tp3' -> (3, 1, None); 'pp2' -> (1, 2, None): micro-batches one per stage; 'pp2x1' -> (1, 2, 1)."""
-    import re
-    m = re.fullmatch(r"(tp|pp)([1-9]\d*)(?:x([1-9]\d*))?", name)
-    if not m or (m.group(1) == "tp" and m.group(3)):
-        raise ValueError(f"unknown layout {name!r}: use tpN (tensor parallel over N ranks), ppN (N pipeline "
-                         "stages, one micro-batch per stage) or ppNxM (M micro-batches per step)")
-    n = int(m.group(2))
-    return (n, 1, None) if m.group(1) == "tp" else (1, n, int(m.group(3)) if m.group(3) else None)
 # H100 SXM: NVLink 4 at 450 GB/s each way; NCCL's small-message all-reduce latency inside a node is ~5-10 us.
 NVLINK_GBPS, NVLINK_LATENCY_S = 450.0, 8e-6
 

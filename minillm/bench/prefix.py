@@ -60,20 +60,22 @@ def prefix_bench(model, tokenizer, config: EngineConfig | None = None, repeats: 
         history.append({"role": "user", "content": turn})
         conversation.append(build_prompt_ids(tokenizer, list(history)))
         history.append({"role": "assistant", "content": REPLY})
-    result = {"block_size": config.cache.block_size}
+    result = {"block_size": config.cache.block_size, "repeats": {}}
     cases = (("system_prompt", first_turns), ("long_system_prompt", long_system), ("multi_turn", conversation))
     bar = tqdm(total=len(cases) * 2 * repeats, desc="bench prefix", unit="run", disable=not progress,
                dynamic_ncols=True)
     for name, prompts in cases:
         times = {}
         for caching in (False, True):
-            best = None
+            best, runs = None, []
             for _ in range(repeats):
                 e = _engine(model, tokenizer, config, caching)
                 ts = [_ttft(e, p) for p in prompts]
+                runs.append(round(1000 * statistics.mean(ts[1:] or ts), 3))
                 best = ts if best is None else [min(a, b) for a, b in zip(best, ts)]
                 bar.update(1)
             times[caching] = best
+            result["repeats"][f"{name} TTFT ms, caching {'on' if caching else 'off'}"] = runs
             if caching:
                 result[f"{name}_hit_rate"] = round(e.block_manager.stats.hit_rate, 3)
         # the first request can only miss: compare the ones that could hit

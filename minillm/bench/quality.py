@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from minillm.calibration.gptq import gptq_quantize_model
 from minillm.calibration.text import (CALIBRATION_CHARS, calibration_text, corpus, eval_windows,  # noqa: F401
                                       sequence_logits)
-from minillm.loading.loader import load_model
+from minillm.loading import loader
 from minillm.quant.policy import describe
 
 CALIBRATED = {"int4-gptq": "gptq"}   # settings bench quality adds: quantized with calibration (calibration/gptq.py)
@@ -58,7 +58,7 @@ def run_quality_bench(model_spec: str, quantizations: list[str], group_size: int
         if progress:
             progress(f"quality: loading with quantization={q}")
         weights, kv = KV_SETTINGS.get(q, (q, kv_cache_dtype))
-        loaded = load_model(model_spec, "float32", quantization="none" if q in CALIBRATED else weights,
+        loaded = loader.load_model(model_spec, "float32", quantization="none" if q in CALIBRATED else weights,
                             group_size=group_size)
         model = loaded.model
         if q == "int4-gptq":

@@ -23,18 +23,18 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
+from minillm.bench.registry import SPEC_PROPOSERS, SPEC_TASKS
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.layers.attention import get_attention_backend
-from minillm.loading.loader import load_model
+from minillm.loading import loader
 from minillm.sampling.params import SamplingParams
 from minillm.spec_decode.draft_model import ModelDraftProposer
 from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
 from minillm.spec_decode.proposers import check_same_vocabulary
 
-TASKS = ("rewrite", "code", "chat")
-PROPOSERS = ("ngram", "layer_skip", "draft_model")
+TASKS, PROPOSERS = SPEC_TASKS, SPEC_PROPOSERS     # named once, in the registry (the CLI's choices)
 
 CHAT = ["Write a short story about a robot who learns to paint.", "Give me three tips for sleeping better.",
         "Explain why the sea is salty.", "Describe your ideal weekend in a few sentences.",
@@ -211,7 +211,7 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
         raise ValueError("--k, --batch-sizes and --repeat take positive integers")
     draft = None
     if "draft_model" in bc.proposers:
-        d = load_model(bc.draft_model, loaded.model.dtype)
+        d = loader.load_model(bc.draft_model, loaded.model.dtype)
         check_same_vocabulary(loaded.config.vocab_size, loaded.tokenizer, d.config.vocab_size, d.tokenizer, str(d.path))
         draft = d.model
     warm_up(LLMEngine(loaded.model, loaded.tokenizer, config))
@@ -220,7 +220,7 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
     # Rounds interleave every configuration, and each keeps its fastest round: a burst of load on a shared machine
     # then slows one round of one configuration instead of skewing the ratio between two of them.
     bar = tqdm(total=len(plan) * bc.repeat, desc="bench spec", unit="run", disable=not progress, dynamic_ncols=True)
-    prompts, best = {}, {}
+    prompts, best, seconds = {}, {}, {}
     for _ in range(bc.repeat):
         for item in plan:
             task, batch, proposer, k = item
@@ -229,6 +229,7 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
                 n = bc.batch1_requests if batch == 1 else batch
                 prompts[task, batch] = task_prompts(loaded.tokenizer, task, n, bc.seed)
             r = _measure(loaded, config, bc, item, prompts[task, batch], draft)
+            seconds.setdefault(item, []).append(round(r.seconds, 4))
             if item not in best or r.seconds < best[item].seconds:
                 best[item] = r
             bar.update()
@@ -237,7 +238,8 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
     base = {(r.task, r.batch): r for r in runs if r.proposer == "none"}
     return {"runs": [summarize(r, base[(r.task, r.batch)]) for r in runs], "settings": asdict(bc),
             "engine": config.as_kwargs(), "model": loaded.path.name,
-            "dtype": str(loaded.model.dtype).removeprefix("torch."), "threads": _threads()}
+            "dtype": str(loaded.model.dtype).removeprefix("torch."), "threads": _threads(),
+            "repeats": {f"{t} batch {b} {p or 'none'} k={k} seconds": v for (t, b, p, k), v in seconds.items()}}
 
 
 def _measure(loaded, config: EngineConfig, bc: SpecBenchConfig, item: tuple, prompts: list, draft) -> Run:

@@ -125,13 +125,15 @@ def _runs(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingPara
             "tpot_ms": statistics.mean(x["tpot_ms"] for x in runs), "outputs": outputs}
 
 
-def end_to_end(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat: int = 1, progress=None) -> dict:
+def end_to_end(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat: int = 1,
+               progress=None) -> tuple[dict, dict]:
+    """Constrained vs unconstrained tok/s per batch size, and every run's tok/s (for the repeats' spread)."""
     tok = loaded.tokenizer
     engine = LLMEngine(loaded.model, tok, config)
     so = CASES["json: user, bounded lengths"]     # bounded: greedy decoding of a small model cannot loop forever
     prompts = [build_prompt_ids(tok, p) for p in PROMPTS]
     _run(engine, prompts[:1], [SamplingParams(max_tokens=2, structured_outputs=so)])   # build the index, warm up
-    out = {}
+    out, repeats = {}, {}
     for bs in batch_sizes:
         best: dict[str, dict] = {}
         batch = [prompts[i % len(prompts)] for i in range(bs)] if bs > 1 else prompts[:3]
@@ -146,6 +148,7 @@ def end_to_end(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat:
             up = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
             u = _runs(engine, batch, up, bs)
             for mode, res in (("constrained", c), ("unconstrained", u)):
+                repeats.setdefault(f"batch {bs} {mode} tok/s", []).append(round(res["tok_s"], 2))
                 if mode not in best or res["tok_s"] > best[mode]["tok_s"]:
                     best[mode] = res
         c, u = best["constrained"], best["unconstrained"]
@@ -160,7 +163,7 @@ def end_to_end(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat:
             "unconstrained_tpot_ms": round(u["tpot_ms"], 2), "constrained_tpot_ms": round(c["tpot_ms"], 2),
             "complete_and_valid": f"{valid}/{len(c['outputs'])}",
             "example": c["outputs"][0].outputs[0].text}
-    return out
+    return out, repeats
 
 
 def structured_bench(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, repeat: int = 1,
@@ -172,13 +175,13 @@ def structured_bench(loaded, config, batch_sizes=(1, 8), max_tokens: int = 64, r
     V = loaded.model.cfg.vocab_size
     for name, b in builds["patterns"].items():
         b.update(mask_costs(b.pop("index"), V, rng))
-    e2e = end_to_end(loaded, config, batch_sizes, max_tokens, repeat, progress)
+    e2e, repeats = end_to_end(loaded, config, batch_sizes, max_tokens, repeat, progress)
     step_ms = e2e["batch1"]["unconstrained_tpot_ms"] if "batch1" in e2e else None
     if step_ms:
         for b in builds["patterns"].values():
             b["mask_share_of_decode_step"] = round(b["mask_batch1_ms"] / step_ms, 4)
     return {"model": loaded.path.name, "threads": torch.get_num_threads(), "build": builds, "end_to_end": e2e,
-            "decode_step_ms": step_ms, "max_tokens": max_tokens}
+            "decode_step_ms": step_ms, "max_tokens": max_tokens, "repeats": repeats}
 
 
 def format_structured(r: dict) -> str:

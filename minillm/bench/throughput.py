@@ -15,7 +15,7 @@ from minillm.bench.workload import Request
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
 from minillm.loading.export import hf_config, hf_state
-from minillm.loading.loader import load_model
+from minillm.loading import loader
 from minillm.sampling.params import SamplingParams
 
 
@@ -106,7 +106,7 @@ def load_hf_peer(loaded) -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(loaded.path, dtype=dtype).eval()
     model = loaded.model
     if any(m.quant is not None for _, m in model.quantizable()):
-        model = load_model(loaded.path, dtype, quantization="none").model
+        model = loader.load_model(loaded.path, dtype, quantization="none").model
     hf = LlamaForCausalLM(LlamaConfig(**hf_config(model.cfg)))
     state = dict(hf_state(model))
     if model.cfg.tie_word_embeddings:

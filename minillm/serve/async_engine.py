@@ -15,7 +15,7 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence as Seq
+from typing import Any, AsyncIterator, Callable, Sequence as Seq
 
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import RequestOutput
@@ -60,25 +60,32 @@ class AsyncEngine:
         self._thread.start()
 
     # ------------------------------------------------------------------ the caller's side (event loop)
-    async def generate(self, prompt: str | Seq[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+                     request_id: str | None = None) -> "RequestStream":
+        """Queue a request and wait until the engine took it: add_request's error (a bad prompt, a schema that does
+        not compile) is raised here, before anything is streamed. Iterate the result for the outputs; close it
+        (`aclose`, or let it go) to abort the request."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
         accepted: concurrent.futures.Future = concurrent.futures.Future()
         self._send(_Add(prompt, params if params is not None else SamplingParams(), rid, stream, accepted))
-        await asyncio.wrap_future(accepted)             # add_request's error (a bad prompt) is raised here
-        finished = False
+        await asyncio.wrap_future(accepted)
+        return RequestStream(self, rid, stream)
+
+    async def generate(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        outputs = await self.submit(prompt, params, request_id)
         try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True                     # the loop dropped it already
-                    raise item
-                finished = item.finished
-                yield item
+            async for out in outputs:
+                yield out
         finally:
-            if not finished:
-                self.abort(rid)
+            await outputs.aclose()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn() on the engine thread between two steps (to read engine state safely) and return its result."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(("call", fn, done))
+        return await asyncio.wrap_future(done)
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its blocks are freed before the next step); unknown or finished ids are ignored."""
@@ -133,6 +140,8 @@ class AsyncEngine:
                 return
             if isinstance(cmd, _Add):
                 self._add(cmd)
+            elif cmd[0] == "call":
+                _run_into(cmd[2], cmd[1])
             else:
                 self.engine.abort(cmd[1])
                 self._streams.pop(cmd[1], None)
@@ -176,3 +185,54 @@ class AsyncEngine:
                 return
             if isinstance(cmd, _Add):
                 cmd.accepted.set_exception(error)
+            elif cmd[0] == "call":
+                cmd[2].set_exception(error)
+
+
+def _run_into(future: concurrent.futures.Future, fn: Callable[[], Any]) -> None:
+    try:
+        future.set_result(fn())
+    except Exception as e:  # noqa: BLE001 -- the caller's function failed: its caller hears why
+        future.set_exception(e)
+
+
+class RequestStream:
+    """One request's outputs, in order; the last has finished=True. `aclose()` before the end aborts the request
+    (so does dropping the stream unread: a handler that never started to stream leaks nothing)."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream) -> None:
+        self.engine, self.request_id, self._stream, self._done = engine, request_id, stream, False
+        # True: when the reader fell behind, skip to the newest output (its text and token_ids hold everything the
+        # skipped ones added; their delta_* fields are then not the whole change). A server that streams what is
+        # new since it last sent sets this, so a slow client costs one message, not one per engine step.
+        self.latest_only = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._stream.queue.get()
+        if self.latest_only:                            # outputs are cumulative: the newest says all the others do
+            while not isinstance(item, BaseException) and not item.finished and not self._stream.queue.empty():
+                item = self._stream.queue.get_nowait()
+        if isinstance(item, BaseException):
+            self._done = True                           # the loop dropped the request already
+            raise item
+        self._done = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.engine.abort(self.request_id)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- at interpreter exit the loop may be gone
+            pass
