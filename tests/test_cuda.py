@@ -4,7 +4,7 @@ kernel (float and int8 KV pools), and must decode like its dequantized float twi
 
 CI has no GPU, so these tests skip there; on a machine with one run them compiled, not interpreted:
     TRITON_INTERPRET=0 python -m pytest tests/test_cuda.py tests/test_triton_qgemm.py tests/test_triton_kernel.py
-(the README's "On a GPU" paragraph records what they gave on an H100).
+(docs/benchmarks.md, "On a GPU", records what they gave on an H200).
 
 Tolerances: float32 activations take IEEE products in the kernel (no TF32), so fp32 logits agree with the CPU
 twin to float rounding (1e-4 of the logits' scale); an int8 KV pool moves them by its quantization step (the

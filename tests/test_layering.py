@@ -1,7 +1,8 @@
 """The package's floors, held: imports point down, files never import each other in a loop, and an import inside a
 function is kept for optional heavy dependencies (a short list below, each with its reason).
 
-The floors, bottom to top (README "Layout" and ../shared/DESIGN.md say the same in words):
+The floors, bottom to top (README's "Layout" draws the same diagram, held to FLOORS by tests/test_readme.py;
+../shared/DESIGN.md says it in words):
 
     interfaces, config  <  catalog  <  quant  <  kernels, distributed  <  kv  <  layers  <  models  <  calibration
     <  loading  <  worker  <  structured  <  sampling  <  spec_decode  <  engine  <  executor  <  llm, cli_args

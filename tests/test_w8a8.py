@@ -120,7 +120,8 @@ def test_bad_w8a8_settings_are_refused():
 # What each batched path may differ from exact weight-only math (dequantize, float32 matmul), as the worst row's
 # error relative to its largest output, on Gaussian activations: float/dequant only summation order; fp16 rounds
 # each weight to 11 bits (<= 2^-12 relative); w8a8 requantizes weights to int8 per channel and activations to 7
-# bits per token (~1-2 % here; on SmolLM2's heavier-tailed activations ~5 % per layer, see README).
+# bits per token (~1-2 % here; on SmolLM2's heavier-tailed activations ~5 % per layer: docs/engine.md's
+# SmoothQuant paragraph says why).
 # bf16 rounds weights and activations to 8 bits and the output to bfloat16 (~2^-9 of the largest output each);
 # int16 rounds both to 13 bits per chunk of 64 inputs (~1e-4; tests/test_int16_gemm.py bounds it per output).
 BATCHED_RTOL = {"float": 1e-5, "dequant": 1e-5, "fp16": 2e-3, "int16": 2e-3, "bf16": 1.2e-2, "w8a8": 0.05}
@@ -159,7 +160,8 @@ def test_w8a8_model_generates_like_its_float_twin_at_a_stated_rate():
     """Greedy decode through the engine (paged KV, batching) with w8a8 layers; each generated token is compared with
     what the same weights dequantized (float activations) predict after the same prefix. A random model's
     next-token distributions are nearly flat, so 7-bit activations flip near-tied argmaxes: measured 83-88 % per
-    token on seeds 0-5 (teacher-forced, 200 tokens); we ask for 75 %. The slow SmolLM2 numbers are in README."""
+    token on seeds 0-5 (teacher-forced, 200 tokens); we ask for 75 %. SmolLM2's numbers (perplexity, SmoothQuant)
+    are in docs/engine.md."""
     from minillm.engine.llm_engine import LLMEngine
     from minillm.quant.policy import apply_quantization, describe
     from minillm.sampling.params import SamplingParams

@@ -213,18 +213,22 @@ def api_page() -> str:
     return "\n".join(lines)
 
 
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+
+
 def benchmarks_page() -> str:
-    """README's measured tables, as README has them (with their commands and dates)."""
-    readme = (ROOT / "README.md").read_text()
-    start, end = readme.index("## Benchmarks"), readme.index("## Layout")
-    body = readme[start:end].replace("## Benchmarks", "# Benchmarks", 1)
-    body = re.sub(r"\]\((?!https?://|#)([^)]+)\)", lambda m: f"]({_repo_link(m.group(1))})", body)
-    return body
+    """docs/benchmarks.md as it is (every measured table with its command and date; README keeps only a summary),
+    its relative links and images rewritten to resolve from book/_generated/reference."""
+    body = BENCHMARKS.read_text()
+    return re.sub(r"\]\((?!https?://|#)([^)#]+)(#[^)]*)?\)",
+                  lambda m: f"]({_repo_link(BENCHMARKS.parent, m.group(1))}{m.group(2) or ''})", body)
 
 
-def _repo_link(target: str) -> str:
-    """A README-relative link as seen from book/_generated/reference (images are copied next to the page)."""
-    return "../../../" + target
+def _repo_link(base: Path, target: str) -> str:
+    """A link relative to the folder `base` (inside the repository), as seen from book/_generated/reference: the
+    page sits three folders below the repository root (Sphinx copies the images it finds into the site)."""
+    path = Path(os.path.normpath((base / target).relative_to(ROOT))).as_posix()
+    return "../../../" + path
 
 
 # --------------------------------------------------------------------------- the architecture figure
