@@ -1,7 +1,7 @@
 """Configuration dataclasses. They flow one way: loader -> ModelConfig; user -> EngineConfig.
 
 This is the one module that reads the environment: every environment variable minillm knows is read by a function
-or a default below (README, "Settings", lists them).
+or a default below (docs/layout.md, "Settings", lists them).
 
 EngineConfig is the one path every entry point takes (LLM(**kwargs), LLMEngine.from_model, the CLI, the benches,
 the demo), and the dataclass fields below are the one place each default lives. Callers pass flat keyword
@@ -159,7 +159,7 @@ def _kernel_default(name: str) -> Any:
 class KernelConfig:
     """Which CPU kernels run: for A/B runs and tests (the defaults are the fast, exact paths). The kernels are
     process-wide (shared C libraries and their packed weight copies), so the setting is too: an engine applies its
-    own when it is built (`use_kernels`), and the environment gives the defaults (README, "Settings")."""
+    own when it is built (`use_kernels`), and the environment gives the defaults (docs/layout.md, "Settings")."""
     # fused: a decode step of a quantized model in one C call (kernels/cpu_decode.py) | layers: layer by layer
     decode_step: str = _kernel_default("decode_step")
     # c: the integer kernel | scalar: the same built without SIMD | torch: dequantize + float matmul (reference)

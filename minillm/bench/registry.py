@@ -129,7 +129,7 @@ BENCHES: dict[str, Bench] = {b.name: b for b in [
                  "steps": (64, "decode steps to time"),
                  "llama_bench": (None, "also run llama.cpp's llama-bench (this binary) on the same GGUF file and "
                                        "thread count, and print minillm's tokens/s as a ratio of it (build recipe in "
-                                       "README)"),
+                                       "docs/benchmarks.md)"),
                  "repeat": (1, REPEAT_HELP + " (llama-bench alternates with minillm)")},
           engine=tuple(n for n in ONE_PROCESS if n != "quantization"),
           refused={**{s: "bench decode times plain decoding against the memory-bandwidth bound: speculative "
@@ -531,4 +531,4 @@ def check_llama_bench(binary: str, model: str) -> None:
     if not (str(model) == "default" or str(model).endswith(".gguf")):
         raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
     if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
-        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as the README says)")
+        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as docs/benchmarks.md says)")

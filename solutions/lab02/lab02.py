@@ -418,9 +418,9 @@ plots.block_size_sweep(rows_kv)
 # request one contiguous KV region sized for the maximum length, because the output length is unknown: the
 # vLLM paper measured that only 20–40% of that memory held real tokens (the rest was reservation, internal and
 # external fragmentation). PagedAttention stores K/V in fixed-size blocks allocated on demand and looks them up
-# through a per-sequence block table, so waste drops to under one block per sequence (measured above: 82%
-# unused with contiguous 2048-token reservations vs 2% paged at block_size 16) and the same memory runs 5–7×
-# more sequences at once. The kernel side is an attention kernel that gathers K/V through the block table
+# through a per-sequence block table, so waste drops to under one block per sequence (compare the two pools in
+# the run above: most of each contiguous 2048-token reservation unused, a few percent paged) and the same memory
+# runs several times more sequences at once. The kernel side is an attention kernel that gathers K/V through the block table
 # (lab03). Blocks also make sharing cheap: parallel samples and beams share prompt blocks with ref counts and
 # copy-on-write, and prefix caching (lab05) shares blocks across requests.
 # </details>
@@ -441,7 +441,7 @@ plots.block_size_sweep(rows_kv)
 # <details><summary><b>What fragmentation does a KV cache suffer, and how much is left with paging?</b></summary>
 #
 # Contiguous allocation has three kinds: reservation waste (slots reserved for tokens not generated yet —
-# often most of it, 82% in the replay above with a 2048-token window), internal fragmentation (reserved slots
+# often most of it, as in the replay above with a 2048-token window), internal fragmentation (reserved slots
 # that are never used because the answer was shorter than the maximum) and external fragmentation (free memory
 # split into gaps too small for another max-length request). Paging removes external fragmentation (any free
 # block fits anywhere) and reservation waste (blocks are allocated one at a time), leaving only internal

@@ -413,8 +413,8 @@ plots.prefix_cache_ttft(results)
 #
 # Each turn's prompt is the previous prompt + the model's reply + the new message, so with a block-level
 # prefix cache the previous turn's blocks — including the reply, whose KV was computed during decoding — are
-# hit automatically; in the picture, A's second turn got 40 of its 59 tokens from the cache and the measured
-# multi-turn TTFT stayed roughly flat. The price is memory: idle conversations keep blocks that new requests
+# hit automatically; in the picture from the run above, most of A's second turn came from the cache, and the
+# measured multi-turn TTFT stayed roughly flat. The price is memory: idle conversations keep blocks that new requests
 # might need, which is why they are evictable (free capacity that happens to hold useful data) and reclaimed
 # LRU; keeping them longer means offloading KV to CPU memory or SSD (vLLM's KV offloading, LMCache) and paying
 # the transfer. Consistency is by construction: keys are content hashes of the whole prefix, so there is

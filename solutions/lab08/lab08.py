@@ -365,8 +365,8 @@ plots.quant_tradeoffs(rows)
 # activations quantized) before the multiply — so fewer bytes buy prefill nothing. What can speed it up is cheaper
 # arithmetic: from 3 rows on minillm runs a 16-bit integer GEMM (13-bit weight and activation codes per 64 inputs;
 # `vpmaddwd` does 16 multiply-adds per instruction, twice a float32 FMA's — though a Zen 3 core issues it half as
-# often, so there the gain is a kernel that runs closer to the peak than MKL's) — 1.2–1.3× float32 at 2048 rows and
-# 1.5–2× at 16–64 rows on an AVX2 CPU, at ~1e-4 of each output's size.
+# often, so there the gain is a kernel that runs closer to the peak than MKL's), at ~1e-4 of each output's size;
+# `minillm bench decode --quantization auto none` measures the ratio on your machine.
 # </details>
 #
 # <details><summary><b>Why per-channel or per-group scales, not one per tensor?</b></summary>
