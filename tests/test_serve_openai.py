@@ -281,7 +281,24 @@ def test_minillm_serve_runs_answers_and_stops_cleanly(model_dir, stop):
         assert url, "minillm serve never said it was ready"
         c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
         assert c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4).choices[0].message.content
+        lines: list[str] = []
+        started = threading.Event()
+
+        def in_flight() -> None:                            # a long answer, streaming when the signal comes
+            body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 150, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/chat/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    started.set()
+        t = threading.Thread(target=in_flight)
+        t.start()
+        assert started.wait(60)
         proc.send_signal(getattr(signal, stop))
+        t.join(120)
+        events = [x for x in lines if x]
+        assert events[-1] == "data: [DONE]", events[-3:]     # the request in flight was finished, not cut
+        finish = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in events if x.startswith("data: {")]
+        assert finish[-1] == "length"
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
