@@ -531,4 +531,5 @@ def check_llama_bench(binary: str, model: str) -> None:
     if not (str(model) == "default" or str(model).endswith(".gguf")):
         raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
     if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
-        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as docs/benchmarks.md says)")
+        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as docs/benchmarks.md "
+                         "says)")

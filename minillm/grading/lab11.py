@@ -59,7 +59,8 @@ _PCT_MISTAKES = [
          sorted(xs), len(xs) * q / 100)),
     ("you rounded the position down instead of interpolating between the two closest ranks",
      lambda xs, q: sorted(xs)[math.floor((len(xs) - 1) * q / 100)]),
-    ("q is a percentage (0-100), not a fraction: divide by 100", lambda xs, q: reference_percentile(xs, min(q * 100, 100))),
+    ("q is a percentage (0-100), not a fraction: divide by 100",
+     lambda xs, q: reference_percentile(xs, min(q * 100, 100))),
 ]
 
 

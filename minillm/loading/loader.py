@@ -101,7 +101,8 @@ def sampling_defaults(spec: str | Path = "default") -> dict[str, float]:
     if path.is_dir():
         gen = path / "generation_config.json"
         raw = _read_json_file(gen) if gen.is_file() else {}
-        found = {ours: raw[theirs] for theirs, ours in _HF_SAMPLING.items() if isinstance(raw.get(theirs), (int, float))}
+        found = {ours: raw[theirs] for theirs, ours in _HF_SAMPLING.items()
+                 if isinstance(raw.get(theirs), (int, float))}
     else:
         md = GGUFFile.open(path).metadata
         found = {ours: md[key] for key, ours in _GGUF_SAMPLING.items() if isinstance(md.get(key), (int, float))}

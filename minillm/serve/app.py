@@ -207,20 +207,20 @@ class _Routes:
 
     async def _chat_events(self, stream: "_Started", n: int, top: int, include: bool) -> AsyncIterator[dict]:
         rid, created, name, deltas = R.new_id("chatcmpl"), int(time.time()), self.model.name, R.Deltas()
-        yield R.chat_chunk(rid, created, name, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                 "logprobs": None, "finish_reason": None} for i in range(n)],
-                           None, include)
+        opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None} for i in range(n)]
+        yield R.chunk("chat.completion.chunk", rid, created, name, opening, None, include)
         last = None
         try:
             async for out in stream:
                 last = out
                 choices = R.chat_delta_choices(out, deltas, top)
                 if choices:
-                    yield R.chat_chunk(rid, created, name, choices, None, include)
+                    yield R.chunk("chat.completion.chunk", rid, created, name, choices, None, include)
         finally:                                        # a client that went away: abort, free its blocks
             await stream.aclose()
         if include and last is not None:
-            yield R.chat_chunk(rid, created, name, [], R.usage([last]), True)
+            yield R.chunk("chat.completion.chunk", rid, created, name, [], R.usage([last]), True)
 
     async def completions(self, req: CompletionRequest) -> Any:
         self._check_model(req.model)
@@ -250,14 +250,14 @@ class _Routes:
                     last = out
                     choices = R.completion_delta_choices(out, deltas, base, n, logprobs)
                     if choices:
-                        yield R.completion_chunk(rid, created, name, choices, None, include)
+                        yield R.chunk("text_completion", rid, created, name, choices, None, include)
                 if last is not None:
                     finals.append(last)
         finally:
             for stream in streams:
                 await stream.aclose()
         if include:
-            yield R.completion_chunk(rid, created, name, [], R.usage(finals), True)
+            yield R.chunk("text_completion", rid, created, name, [], R.usage(finals), True)
 
     # ------------------------------------------------------------------ the rest
     async def models(self) -> dict:

@@ -132,12 +132,16 @@ class AsyncEngine:
             self._error = e
         self._end_all()
 
-    def _apply_commands(self) -> None:
+    def _queued(self):
+        """The commands sent so far, oldest first (without waiting for more)."""
         while True:
             try:
-                cmd = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _apply_commands(self) -> None:
+        for cmd in self._queued():
             if isinstance(cmd, _Add):
                 self._add(cmd)
             elif cmd[0] == "call":
@@ -178,11 +182,7 @@ class AsyncEngine:
                 pass
         with self._lock:
             self._closed = True
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for cmd in self._queued():
             if isinstance(cmd, _Add):
                 cmd.accepted.set_exception(error)
             elif cmd[0] == "call":

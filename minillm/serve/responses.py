@@ -107,26 +107,20 @@ class Deltas:
         return changed
 
 
-def chat_chunk(rid: str, created: int, model: str, choices: list[dict], usage_: dict | None = None,
-               with_usage: bool = False) -> dict:
-    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+def chunk(kind: str, rid: str, created: int, model: str, choices: list[dict], usage_: dict | None = None,
+          with_usage: bool = False) -> dict:
+    """One streamed event: `kind` is "chat.completion.chunk" or "text_completion"; with stream_options.include_usage
+    every chunk carries "usage" (null until the last, which has no choices)."""
+    out = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
     if with_usage:
-        chunk["usage"] = usage_
-    return chunk
+        out["usage"] = usage_
+    return out
 
 
 def chat_delta_choices(out: RequestOutput, deltas: Deltas, top_logprobs: int) -> list[dict]:
     return [{"index": c.index, "delta": {"content": text},
              "logprobs": chat_logprobs(c, start, top_logprobs), "finish_reason": c.finish_reason}
             for c, text, start in deltas.new(out)]
-
-
-def completion_chunk(rid: str, created: int, model: str, choices: list[dict], usage_: dict | None = None,
-                     with_usage: bool = False) -> dict:
-    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices}
-    if with_usage:
-        chunk["usage"] = usage_
-    return chunk
 
 
 def completion_delta_choices(out: RequestOutput, deltas: Deltas, base: int, n: int,
