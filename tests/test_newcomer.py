@@ -160,12 +160,14 @@ def test_the_checkpoints_recommended_sampling_is_used_and_said(tiny_dir, tmp_pat
     assert "[sampling: temperature 0.3, top-k 20, the model's recommended settings (--temperature / --top-k" in err
 
 
+@pytest.mark.slow    # the real SmolLM2's file
 def test_the_default_model_samples_as_its_card_recommends():
     from minillm.loading.default_model import DEFAULT_SAMPLING
     from minillm.loading.loader import sampling_defaults
     assert sampling_defaults("default") == DEFAULT_SAMPLING == {"temperature": 0.2, "top_p": 0.9}
 
 
+@pytest.mark.slow    # the real SmolLM2
 def test_an_empty_raw_completion_says_why():
     """SmolLM2-Instruct continuing raw text emits EOS first: the '' comes with the reason and the fix."""
     from minillm import SamplingParams
