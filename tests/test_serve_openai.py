@@ -87,6 +87,14 @@ def test_a_stream_adds_up_to_the_whole_answer_and_reports_usage(client):
     assert len(chunks) > 3                                          # streamed token by token, not in one piece
 
 
+def test_a_body_sent_as_curl_sends_it_is_read_as_json(server):
+    """`curl -d '{...}'` labels the body a form; the README's example must work all the same."""
+    r = httpx.post(server.url + "/chat/completions", content=json.dumps({"model": "tiny", "messages": MESSAGES,
+                                                                       "max_tokens": 3}),
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text
+
+
 def test_the_stream_is_server_sent_events_ending_with_done(server):
     """What curl -N shows: `data: {json}` events, a blank line after each, `data: [DONE]` last."""
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 5, "stream": True}

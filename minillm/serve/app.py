@@ -132,6 +132,10 @@ def _install_guards(app: FastAPI, config: ServeConfig) -> None:
                 request.headers.get("authorization") != f"Bearer {config.api_key}":
             return _error(401, "a valid API key is needed: send the header `Authorization: Bearer <key>` (the "
                                "server's --api-key)", "authentication_error")
+        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
+            # every body here is JSON: `curl -d '{...}'` (sent as a form by default) works as it does with OpenAI
+            request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + \
+                [(b"content-type", b"application/json")]
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > config.max_body_bytes:
             return _error(413, f"the request body is {int(size)} bytes, more than this server takes "
