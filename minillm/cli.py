@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.metadata
 import json
@@ -92,12 +93,18 @@ _RECOMMENDABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
 
 def _params(args, recommended: dict | None = None) -> SamplingParams:
     """The request's SamplingParams: each flag the user typed, else the model's recommended setting, else the CLI's
-    fallback, else SamplingParams' default. Called once before the load (to check the flags) and once after."""
+    fallback, else SamplingParams' default. Built (and every flag checked, a schema compiled) before the load;
+    `with_recommended` then fills in what the model recommends."""
     chosen = {k: v for k, v in {**CLI_SAMPLING, **(recommended or {})}.items() if getattr(args, k, None) is None}
     typed = {k: getattr(args, k) for k in _RECOMMENDABLE if getattr(args, k) is not None}
     return SamplingParams(**{**chosen, **typed}, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, seed=args.seed, max_tokens=args.max_tokens,
                           stop=list(args.stop), structured_outputs=_structured(args))
+
+
+def with_recommended(params: SamplingParams, args, recommended: dict) -> SamplingParams:
+    """`params` with the model's recommended settings for the flags the user left out (no schema compiled again)."""
+    return dataclasses.replace(params, **{k: v for k, v in recommended.items() if getattr(args, k, None) is None})
 
 
 def _sampling_note(args, recommended: dict) -> None:
@@ -222,10 +229,10 @@ def _print_spec(stats, num_tokens: int) -> None:
 def cmd_generate(args) -> int:
     if args.chat is False and not args.prompt:
         raise ValueError("the prompt is empty: raw text (--no-chat) needs at least one character to continue from")
-    _params(args)                           # every sampling flag checked before the load
+    params = _params(args)                  # every sampling flag checked before the load
     _check_prompt_fits(args)
     loaded, engine = _engine(args)
-    params = _params(args, loaded.sampling_defaults)
+    params = with_recommended(params, args, loaded.sampling_defaults)
     _sampling_note(args, loaded.sampling_defaults)
     seen: list = []
     engine.add_step_observer(lambda info: seen.extend(o for o in info.outputs if o.finished))
@@ -259,9 +266,9 @@ def _check_prompt_fits(args) -> None:
 
 
 def cmd_chat(args) -> int:
-    _params(args)
+    params = _params(args)
     loaded, engine = _engine(args)
-    params = _params(args, loaded.sampling_defaults)
+    params = with_recommended(params, args, loaded.sampling_defaults)
     _sampling_note(args, loaded.sampling_defaults)
     try:
         return _chat_loop(args, loaded, engine, params)

@@ -42,6 +42,7 @@ def test_chat_streams_and_the_pool_picture_changes_in_chromium(server, tmp_path)
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.set_default_timeout(120_000)       # a hang guard for a busy machine, not a budget
             page.goto(server.base + "/")
             page.wait_for_selector("#conn.ok")                                      # the event stream is live
             page.wait_for_function("document.getElementById('model').textContent === 'tiny'")

@@ -65,9 +65,9 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
     if path.is_dir():
-        cfg, weights, tok = _read_hf_dir(path)
+        cfg, weights, tok, recommended = _read_hf_dir(path)
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
-        cfg, weights, tok = _read_gguf(path)
+        cfg, weights, tok, recommended = _read_gguf(path)
     else:
         raise ModelLoadError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
     if comm is not None and comm.world_size > 1:
@@ -84,7 +84,7 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
         raise ModelLoadError(str(e)) from None
     if wants_calibration(model) and whole:   # W8A8 copies for batched steps (MINILLM_QGEMM_BATCHED=w8a8)
         attach(model, calibrate_cached(model, tok, path, progress))
-    return LoadedModel(model, tok, cfg, path, sampling_defaults(path))
+    return LoadedModel(model, tok, cfg, path, _recommended(recommended, path))
 
 
 # GGUF's general.sampling.* keys and Hugging Face's generation_config.json fields -> SamplingParams fields
@@ -98,14 +98,23 @@ def sampling_defaults(spec: str | Path = "default") -> dict[str, float]:
     """The sampling settings the checkpoint recommends: a GGUF file's general.sampling.* metadata, a Hugging Face
     directory's generation_config.json, else (the default model, whose file records none) its model card's."""
     path = resolve_model_path(spec)
-    if path.is_dir():
-        gen = path / "generation_config.json"
-        raw = _read_json_file(gen) if gen.is_file() else {}
-        found = {ours: raw[theirs] for theirs, ours in _HF_SAMPLING.items()
-                 if isinstance(raw.get(theirs), (int, float))}
-    else:
-        md = GGUFFile.open(path).metadata
-        found = {ours: md[key] for key, ours in _GGUF_SAMPLING.items() if isinstance(md.get(key), (int, float))}
+    found = _hf_sampling(path) if path.is_dir() else _gguf_sampling(GGUFFile.open(path).metadata)
+    return _recommended(found, path)
+
+
+def _hf_sampling(path: Path) -> dict[str, Any]:
+    gen = path / "generation_config.json"
+    raw = _read_json_file(gen) if gen.is_file() else {}
+    raw = raw if isinstance(raw, dict) else {}
+    return {ours: raw[theirs] for theirs, ours in _HF_SAMPLING.items() if isinstance(raw.get(theirs), (int, float))}
+
+
+def _gguf_sampling(md: dict[str, Any]) -> dict[str, Any]:
+    return {ours: md[key] for key, ours in _GGUF_SAMPLING.items() if isinstance(md.get(key), (int, float))}
+
+
+def _recommended(found: dict[str, Any], path: Path) -> dict[str, float]:
+    """What the checkpoint recorded, else (the default model) its model card's, as SamplingParams' types."""
     if not found and path == _default_path_or_none():
         found = dict(DEFAULT_SAMPLING)
     return {k: (int(v) if k == "top_k" else float(v)) for k, v in found.items()}
@@ -118,13 +127,12 @@ def _default_path_or_none() -> Path | None:
         return None
 
 
-def _read_json_file(path: Path) -> dict[str, Any]:
+def _read_json_file(path: Path) -> Any:
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path} is not valid JSON ({e}): restore the file from the model's source "
                              "(a truncated download?)") from None
-    return raw if isinstance(raw, dict) else {}
 
 
 def peek_tokenizer(spec: str | Path = "default"):
@@ -132,7 +140,7 @@ def peek_tokenizer(spec: str | Path = "default"):
     before the load): a GGUF file's header is memory-mapped, a directory's tokenizer.json read."""
     path = resolve_model_path(spec)
     if path.is_dir():
-        cfg, _, tok = _read_hf_dir(path)
+        cfg, _, tok, _ = _read_hf_dir(path)
         return cfg, tok
     gf = GGUFFile.open(path)
     return _gguf_config(gf), Tokenizer.from_gguf(gf.metadata)
@@ -169,12 +177,7 @@ def _hf_dir_config(path: Path) -> ModelConfig:
     if not cfg_file.is_file():
         raise ModelLoadError(f"{path} has no config.json: a Hugging Face model directory needs config.json, "
                              "*.safetensors and tokenizer.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{cfg_file} is not valid JSON ({e}): restore the file from the model's source "
-                             "(a truncated download?)") from None
-    return config_from_hf(raw)
+    return config_from_hf(_read_json_file(cfg_file))
 
 
 def _read_hf_dir(path: Path):
@@ -183,7 +186,7 @@ def _read_hf_dir(path: Path):
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path} has no tokenizer.json")
     tok = Tokenizer.from_dir(path)
-    return cfg, _iter_safetensors(files), tok
+    return cfg, _iter_safetensors(files), tok, _hf_sampling(path)
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
@@ -337,7 +340,7 @@ def _read_gguf(path: Path):
     if gf.has_tensor("rope_freqs.weight"):
         cfg._rope_freqs = gf.load("rope_freqs.weight")
     tok = Tokenizer.from_gguf(gf.metadata)
-    return cfg, _iter_gguf(gf, cfg), tok
+    return cfg, _iter_gguf(gf, cfg), tok, _gguf_sampling(gf.metadata)
 
 
 def _iter_gguf(gf, cfg: ModelConfig):

@@ -22,8 +22,11 @@ from minillm.serve.metrics import EngineMetrics
 GRACEFUL_SHUTDOWN_S = 30
 
 
-def served_model(name: str, engine: LLMEngine, sampling_defaults: dict | None = None) -> ServedModel:
-    return ServedModel(name, engine.tokenizer, engine.max_model_len, dict(sampling_defaults or {}))
+def attach(serving: Serving, engine: LLMEngine, name: str, sampling_defaults: dict | None = None) -> None:
+    """Put `engine` behind `serving`: its observers (metrics, the live view) first, then the loop that steps it."""
+    serving.metrics, serving.view = EngineMetrics(engine, name), EngineView(engine)
+    serving.model = ServedModel(name, engine.tokenizer, engine.max_model_len, dict(sampling_defaults or {}))
+    serving.engine = AsyncEngine(engine)
 
 
 def serve(model: str, engine_config: EngineConfig, config: ServeConfig,
@@ -48,9 +51,7 @@ def serve(model: str, engine_config: EngineConfig, config: ServeConfig,
             return
         engines.append(engine)
         name = config.served_model_name or model
-        serving.metrics, serving.view = EngineMetrics(engine, name), EngineView(engine)
-        serving.model = served_model(name, engine, loaded.sampling_defaults)
-        serving.engine = AsyncEngine(engine)
+        attach(serving, engine, name, loaded.sampling_defaults)
         log(f"minillm serve: {name} ready on http://{config.host}:{_port(server)}/v1 (Ctrl-C stops)")
 
     loader = threading.Thread(target=load_then_serve, name="minillm-load", daemon=True)
@@ -102,12 +103,8 @@ class BackgroundServer:
         config = config or ServeConfig(port=0)
         self.serving = Serving()
         self.app = build_app(self.serving, config, admission)   # a bad admission policy fails here, first
-        self.metrics = EngineMetrics(engine, name)       # the observers before the loop starts stepping
-        self.view = EngineView(engine)
-        self.engine = AsyncEngine(engine)
-        s = self.serving
-        s.engine, s.model, s.metrics, s.view = self.engine, served_model(name, engine, sampling_defaults), \
-            self.metrics, self.view
+        attach(self.serving, engine, name, sampling_defaults)
+        self.engine, self.metrics, self.view = self.serving.engine, self.serving.metrics, self.serving.view
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=config.host, port=config.port,
                                                     log_level="warning", timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, name="minillm-server", daemon=True)
