@@ -115,14 +115,24 @@ def test_a_jsonl_workload_and_its_mistakes(tmp_path, server):
 
 
 @pytest.mark.slow
-def test_minillm_bench_serve_end_to_end(tmp_path, capsys):
-    """The command: starts minillm serve on the model, sweeps, reports JSON; --compare and --plot take it back."""
+def test_minillm_bench_serve_end_to_end(tmp_path, capsys, monkeypatch):
+    """The command: starts minillm serve on the model, sweeps, reports JSON; --compare and --plot take it back.
+    The offline baseline is warmed up exactly as the server was and then times the prompts the server got at rate
+    inf (a warm-up on measured prompts would hand the baseline prefix-cache hits the server never had)."""
     from minillm.cli import main
+    sent, offline = [], []
+    run_rate, offline_throughput = serving.run_rate, serving.offline_throughput
+    monkeypatch.setattr(serving, "run_rate", lambda url, model, prompts, rate, *a, **k:
+                        sent.append((rate, prompts)) or run_rate(url, model, prompts, rate, *a, **k))
+    monkeypatch.setattr(serving, "offline_throughput", lambda llm, prompts:
+                        offline.append(prompts) or offline_throughput(llm, prompts))
     path = tiny_model_dir(tmp_path / "model", context=256)
     argv = ["bench", "serve", "--model", str(path), "--num-prompts", "6", "--request-rate", "20", "inf",
             "--goodput", "ttft:60000", "--prompt-lens", "8", "32", "--output-lens", "2", "6", "--max-num-seqs", "4"]
     assert main(argv + ["--json", "--offline-baseline"]) == 0
     result = json.loads(capsys.readouterr().out)
+    (_, warmup), *measured = sent
+    assert offline[0] is warmup and offline[1:] == [dict(measured)[math.inf]]
     assert result["label"] == "minillm" and [r["request_rate"] for r in result["rows"]] == [20.0, math.inf]
     assert all(r["completed"] == 6 and r["goodput"] > 0 for r in result["rows"])
     assert result["offline_tok_s"] > 0 and result["server_over_offline"] > 0

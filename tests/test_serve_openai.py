@@ -4,6 +4,7 @@ exceptions, and what the server leaves behind (no request, no KV block) after di
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -225,6 +226,28 @@ def test_a_client_that_disconnects_mid_stream_frees_its_request(server, llm):
     assert _wait_idle(llm), "the aborted request still holds the engine"
 
 
+@pytest.mark.parametrize("route, body", [
+    ("/chat/completions", {"messages": MESSAGES}), ("/completions", {"prompt": ["ab", "ab ab"], "n": 2})])
+def test_a_client_that_hangs_up_on_a_whole_answer_frees_its_request(server, llm, route, body):
+    """Not streamed: the server looks for the client while the answer is made, and one that left is aborted."""
+    steps = []
+    slow = llm.engine.add_step_observer(lambda info: steps.append(time.sleep(0.02)))    # 200 tokens: >= 4 s
+    body = {"model": "tiny", "max_tokens": 200, "ignore_eos": True, **body}
+    try:
+        host, port = server.base.split("//")[1].split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            data = json.dumps(body).encode()
+            sock.sendall(f"POST /v1{route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            while len(steps) < 5:                              # it runs: hang up
+                time.sleep(0.01)
+        hung_up_at = len(steps)
+        assert _wait_idle(llm), "the abandoned request still holds the engine"
+    finally:
+        llm.engine.remove_step_observer(slow)
+    assert len(steps) - hung_up_at < 50, f"{len(steps) - hung_up_at} steps after the client left (200 to finish)"
+
+
 def test_an_api_key_protects_the_v1_routes(llm):
     with BackgroundServer(llm.engine, name="tiny", config=ServeConfig(port=0, api_key="sesame")) as s:
         with pytest.raises(openai.AuthenticationError):
@@ -268,16 +291,17 @@ def test_the_server_answers_503_while_the_model_loads():
         assert c.get("/health").status_code == 503
 
 
-@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
-def test_minillm_serve_runs_answers_and_stops_cleanly(model_dir, stop):
-    """The command itself: listens, loads, serves the openai client, and exits 0 on Ctrl-C or SIGTERM."""
+@pytest.mark.parametrize("stop, layout", [("SIGINT", []), ("SIGTERM", ["--tensor-parallel-size", "2"])])
+def test_minillm_serve_runs_answers_and_stops_cleanly(model_dir, ref, stop, layout):
+    """The command itself: listens, loads, serves the openai client (greedy answers as LLM.chat's, also with the
+    model sharded over worker processes), and exits 0 on Ctrl-C or SIGTERM."""
     import os
     import re
     import signal
     import subprocess
     import sys
     proc = subprocess.Popen([sys.executable, "-m", "minillm", "serve", "--model", str(model_dir), "--port", "0",
-                             "--served-model-name", "tiny", "--max-num-seqs", "4"],
+                             "--served-model-name", "tiny", "--max-num-seqs", "4", *layout],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = None
@@ -288,7 +312,9 @@ def test_minillm_serve_runs_answers_and_stops_cleanly(model_dir, stop):
                 break
         assert url, "minillm serve never said it was ready"
         c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-        assert c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4).choices[0].message.content
+        want = ref.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0].outputs[0].text
+        got = c.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=12)
+        assert got.choices[0].message.content == want
         lines: list[str] = []
         started = threading.Event()
 

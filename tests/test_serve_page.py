@@ -55,7 +55,8 @@ def test_chat_streams_and_the_pool_picture_changes_in_chromium(server, tmp_path)
             assert "first token after" in answer and "error" not in answer
             page.wait_for_function("Number(document.getElementById('step').textContent) > 0")
             page.wait_for_function(f"document.getElementById('pool').toDataURL() !== {before!r}")
-            info = page.inner_text("#poolinfo")
+            page.wait_for_function("document.getElementById('poolinfo').textContent.includes(': 0 in use')")
+            info = page.inner_text("#poolinfo")                                   # the request's end, seen live
             assert "64 blocks of 4 tokens" in info and " 0 cached" not in info     # the prefix stays cached
             page.screenshot(path=str(tmp_path / "serve-page.png"), full_page=True)
         finally:

@@ -331,7 +331,8 @@ def run_cli(args, parser_actions) -> dict:
             stack.enter_context(server_process(args.model, engine_argv(args, parser_actions)))
         label = args.label or ("minillm" if not args.base_url else url.split("//")[-1].split("/")[0])
         name = args.served_model or check_server(url, None)
-        measure(url, name, workload(10_000)[:4], [math.inf])             # warm-up, not measured
+        warmup = workload(10_000)[:4]                                   # text no measured run sends
+        measure(url, name, warmup, [math.inf])                          # warm-up, not measured
         bar = tqdm(total=len(rates) * args.num_prompts, desc=f"bench serve {label}", unit="req", disable=args.json)
         runs = measure(url, name, workload, rates, burstiness=args.burstiness, seed=args.seed,
                        max_concurrency=args.max_concurrency, progress=bar.update)
@@ -340,9 +341,8 @@ def run_cli(args, parser_actions) -> dict:
               "burstiness": args.burstiness, "rows": rows_of(runs, slos)}
     if args.offline_baseline:
         with LLM(args.model, **engine_config(args).as_kwargs()) as llm:
-            prompts = workload(0)
-            offline_throughput(llm, prompts[:4])                            # warm-up
-            result["offline_tok_s"] = offline_throughput(llm, prompts)
+            offline_throughput(llm, warmup)                                 # the server's warm-up, no more
+            result["offline_tok_s"] = offline_throughput(llm, workload(0))
         saturated = next(r for r in result["rows"] if math.isinf(r["request_rate"]))
         result["server_over_offline"] = saturated["output_throughput"] / result["offline_tok_s"]
     return result

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 
 from minillm.config import ServeConfig
 from minillm.interfaces import AdmissionPolicy, missing_members
@@ -33,6 +34,7 @@ from minillm.serve.protocol import (ChatCompletionRequest, CompletionRequest, De
 
 STATIC = Path(__file__).parent / "static"     # the page: plain HTML, CSS and JS, no build step
 LIVE_POLL_S = 0.1
+DISCONNECT_POLL_S = 0.1                             # how often a non-streamed request looks for its client
 
 
 @dataclass
@@ -108,7 +110,7 @@ def build_app(serving: Serving, config: ServeConfig | None = None, admission: Ad
         TokenBudgetAdmission(config.max_waiting_requests, config.max_waiting_tokens)
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
     app.state.serving, app.state.admission = serving, Admission(policy)
-    _install_guards(app, config)
+    app.add_middleware(_Guard, config=config)
     _install_errors(app)
     api = _Routes(serving, app.state.admission)
     app.post("/v1/chat/completions")(api.chat)
@@ -125,22 +127,35 @@ def build_app(serving: Serving, config: ServeConfig | None = None, admission: Ad
     return app
 
 
-def _install_guards(app: FastAPI, config: ServeConfig) -> None:
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable) -> Any:
-        if config.api_key is not None and request.url.path.startswith("/v1") and \
-                request.headers.get("authorization") != f"Bearer {config.api_key}":
+class _Guard:
+    """What every request passes before its route: the API key, the body's size, JSON whatever the label. Plain
+    ASGI rather than @app.middleware("http"), whose wrapper hides a client's hang-up from the route and passes each
+    streamed chunk through another task."""
+
+    def __init__(self, app: Any, config: ServeConfig) -> None:
+        self.app, self.config = app, config
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope, Headers(scope=scope))
+            if refusal is not None:
+                return await refusal(scope, receive, send)
+            if scope["method"] == "POST":
+                # every body here is JSON: `curl -d '{...}'` (sent as a form by default) works as it does with OpenAI
+                scope = dict(scope, headers=[(k, v) for k, v in scope["headers"] if k != b"content-type"] +
+                             [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: dict, headers: Headers) -> JSONResponse | None:
+        key = self.config.api_key
+        if key is not None and scope["path"].startswith("/v1") and headers.get("authorization") != f"Bearer {key}":
             return _error(401, "a valid API key is needed: send the header `Authorization: Bearer <key>` (the "
                                "server's --api-key)", "authentication_error")
-        if request.method == "POST" and "json" not in request.headers.get("content-type", ""):
-            # every body here is JSON: `curl -d '{...}'` (sent as a form by default) works as it does with OpenAI
-            request.scope["headers"] = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"] + \
-                [(b"content-type", b"application/json")]
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > config.max_body_bytes:
+        size = headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.config.max_body_bytes:
             return _error(413, f"the request body is {int(size)} bytes, more than this server takes "
-                               f"({config.max_body_bytes}; --max-body-bytes)")
-        return await call_next(request)
+                               f"({self.config.max_body_bytes}; --max-body-bytes)")
+        return None
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -196,7 +211,7 @@ class _Routes:
         stream.latest_only = True                       # responses send what is new since their last message
         return _Started(stream, len(prompt_ids), self.admission), params
 
-    async def chat(self, req: ChatCompletionRequest) -> Any:
+    async def chat(self, req: ChatCompletionRequest, request: Request) -> Any:
         self._check_model(req.model)
         try:
             ids = build_prompt_ids(self.model.tokenizer, req.messages)
@@ -205,7 +220,8 @@ class _Routes:
         stream, _ = await self._start(ids, req)
         top = req.top_logprobs or 0
         if not req.stream:
-            return R.chat_response(await _last(stream), self.model.name, top)
+            outs = await _while_connected(request, [stream])
+            return outs if isinstance(outs, Response) else R.chat_response(outs[0], self.model.name, top)
         include = bool(req.stream_options and req.stream_options.include_usage)
         return _sse(self._chat_events(stream, req.n, top, include))
 
@@ -226,7 +242,7 @@ class _Routes:
         if include and last is not None:
             yield R.chunk("chat.completion.chunk", rid, created, name, [], R.usage([last]), True)
 
-    async def completions(self, req: CompletionRequest) -> Any:
+    async def completions(self, req: CompletionRequest, request: Request) -> Any:
         self._check_model(req.model)
         prompts = _prompts(req.prompt, self.model.tokenizer)
         started = []
@@ -238,8 +254,9 @@ class _Routes:
                 await s.aclose()
             raise
         if not req.stream:
-            outs = [await _last(s) for s in started]
-            return R.completion_response(outs, self.model.name, req.logprobs, req.n)
+            outs = await _while_connected(request, started)
+            return outs if isinstance(outs, Response) else \
+                R.completion_response(outs, self.model.name, req.logprobs, req.n)
         include = bool(req.stream_options and req.stream_options.include_usage)
         return _sse(self._completion_events(started, req.n, req.logprobs, include))
 
@@ -350,6 +367,23 @@ async def _last(stream: _Started) -> RequestOutput:
     finally:
         await stream.aclose()
     return last
+
+
+async def _while_connected(request: Request, streams: list[_Started]) -> list[RequestOutput] | Response:
+    """The final outputs of non-streamed requests, read while their client is there: one that hangs up aborts
+    them (their blocks are free within a step) and gets 499, nginx's "client closed request", sent to no one."""
+    task = asyncio.ensure_future(asyncio.gather(*(_last(s) for s in streams)))
+    try:
+        while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                return Response(status_code=499)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for stream in streams:                          # also those cancelled before they began
+            await stream.aclose()
 
 
 def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
