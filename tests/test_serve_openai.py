@@ -291,7 +291,8 @@ def test_the_server_answers_503_while_the_model_loads():
         assert c.get("/health").status_code == 503
 
 
-@pytest.mark.parametrize("stop, layout", [("SIGINT", []), ("SIGTERM", ["--tensor-parallel-size", "2"])])
+@pytest.mark.parametrize("stop, layout", [("SIGINT", []), ("SIGTERM", ["--tensor-parallel-size", "2"]),
+                                         ("SIGINT", ["--pipeline-parallel-size", "2"])])
 def test_minillm_serve_runs_answers_and_stops_cleanly(model_dir, ref, stop, layout):
     """The command itself: listens, loads, serves the openai client (greedy answers as LLM.chat's, also with the
     model sharded over worker processes), and exits 0 on Ctrl-C or SIGTERM."""
