@@ -10,7 +10,7 @@ import dataclasses
 import sys
 from contextlib import contextmanager
 
-from minillm.config import METHODS, EngineConfig, ServeConfig, SpeculativeConfig
+from minillm.config import METHODS, EngineConfig, ServeConfig, SpeculativeConfig, int_or_auto
 
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
@@ -35,12 +35,15 @@ _HELP = {
     "distributed_executor_backend": "how the other ranks run: mp (local processes) | thread | env (started by "
                                     "torchrun, one or several machines) | auto (env under torchrun, else mp)",
     "pipeline_micro_batches": "pipeline parallelism: micro-batches per step (default: one per stage)",
+    "kernel_threads": "the C kernels' threads: adaptive (torch's thread count, fewer while other processes keep the "
+                      "cores busy: a busy machine decodes far faster) | fixed (always torch's thread count)",
 }
 
 # speculative_config's fields as flags (vLLM's names where it has them); method and model get clearer ones.
 _SPEC_FLAGS = {
     "method": ("--speculative", f"turn speculative decoding on with this proposer: {' | '.join(METHODS)}"),
-    "num_speculative_tokens": ("--num-speculative-tokens", "tokens drafted per step (k)"),
+    "num_speculative_tokens": ("--num-speculative-tokens", "tokens drafted per sequence per step: k, or auto (0-8 "
+                               "per sequence each step, from its acceptance and the measured step costs)"),
     "model": ("--draft-model", "draft_model: 'default', a .gguf file or a Hugging Face directory (same vocabulary)"),
     "draft_layers": ("--draft-layers", "layer_skip: the target's first N layers draft"),
     "prompt_lookup_min": ("--prompt-lookup-min", "ngram: shortest suffix looked up"),
@@ -66,7 +69,8 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> N
     for f in dataclasses.fields(SpeculativeConfig):
         flag, text = _SPEC_FLAGS[f.name]
         default = "" if f.default is dataclasses.MISSING or f.default is None else f" (default: {f.default})"
-        g.add_argument(flag, dest="spec_" + f.name, type=str if f.type in ("str", "Optional[str]") else int,
+        kind = int_or_auto if f.name == "num_speculative_tokens" else str if f.type in ("str", "Optional[str]") else int
+        g.add_argument(flag, dest="spec_" + f.name, type=kind,
                        choices=METHODS if f.name == "method" else None, default=None, help=text + default)
 
 

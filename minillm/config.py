@@ -138,6 +138,7 @@ QGEMMS = ("c", "scalar", "torch")
 QGEMM_BATCHED_PATHS = ("int16", "fp16", "bf16", "float", "w8a8")
 W8A8_KERNELS = ("auto", "fbgemm", "float", "int_mm")
 CPU_ATTENTION_KERNELS = ("c", "numba")
+KERNEL_THREADS = ("adaptive", "fixed")
 
 # Each kernel setting once: its environment variable, its default, the values it takes.
 KERNEL_SETTINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -146,6 +147,7 @@ KERNEL_SETTINGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "qgemm_batched": ("MINILLM_QGEMM_BATCHED", "int16", QGEMM_BATCHED_PATHS),
     "w8a8_kernel": ("MINILLM_W8A8", "auto", W8A8_KERNELS),
     "cpu_attention_kernel": ("MINILLM_CPU_KERNEL", "c", CPU_ATTENTION_KERNELS),
+    "kernel_threads": ("MINILLM_KERNEL_THREADS", "adaptive", KERNEL_THREADS),
 }
 KERNEL_ENV = tuple(env for env, _, _ in KERNEL_SETTINGS.values())
 
@@ -170,6 +172,9 @@ class KernelConfig:
     w8a8_kernel: str = _kernel_default("w8a8_kernel")
     # the CPU attention backend's decode kernel: c (csrc/paged_decode.c) | numba
     cpu_attention_kernel: str = _kernel_default("cpu_attention_kernel")
+    # the C kernels' team: adaptive: torch's thread count, fewer while other processes keep the cores busy
+    # (kernels/cpu_threads.py) | fixed: always torch's thread count
+    kernel_threads: str = _kernel_default("kernel_threads")
 
     def __post_init__(self) -> None:
         for name, (env, _, allowed) in KERNEL_SETTINGS.items():
@@ -339,12 +344,15 @@ class ServeConfig:
 
 METHODS = ("ngram", "draft_model", "layer_skip")
 MAX_SPECULATIVE_TOKENS = 32
+AUTO_MAX_SPECULATIVE_TOKENS = 8        # num_speculative_tokens="auto": each step's k per sequence is in 0..8
 
 
 @dataclass
 class SpeculativeConfig:
     method: str
-    num_speculative_tokens: int = 4
+    # tokens drafted per sequence per step: a fixed k, or "auto" (spec_decode/adaptive.py picks 0..k_max per
+    # sequence each step from its acceptance so far and the engine's measured step costs)
+    num_speculative_tokens: int | str = "auto"
     model: Optional[str] = None              # draft_model: "default", a .gguf file or a Hugging Face directory
     draft_layers: Optional[int] = None       # layer_skip: how many of the target's first layers draft
     prompt_lookup_min: int = 1               # ngram: the shortest and longest suffix to look up
@@ -355,9 +363,12 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative method {self.method!r}: use one of {', '.join(METHODS)}")
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             v = getattr(self, name)
+            if name == "num_speculative_tokens" and v == "auto":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"speculative {name} must be a positive integer, got {v!r}")
-        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+                also = " or 'auto'" if name == "num_speculative_tokens" else ""
+                raise ValueError(f"speculative {name} must be a positive integer{also}, got {v!r}")
+        if self.k_max > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} is more than "
                              f"{MAX_SPECULATIVE_TOKENS}: a whole k-token draft survives with the product of the "
                              "per-token acceptance rates, so the tail of a long draft is almost never kept while every "
@@ -394,6 +405,20 @@ class SpeculativeConfig:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.num_speculative_tokens == "auto"
+
+    @property
+    def k_max(self) -> int:
+        """The most tokens one step drafts for one sequence: the fixed k, or auto's ceiling."""
+        return AUTO_MAX_SPECULATIVE_TOKENS if self.adaptive else self.num_speculative_tokens
+
+
+def int_or_auto(text: str) -> int | str:
+    """A command-line k: 'auto' or an integer (range checks come later, with the flag's name)."""
+    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 @dataclass

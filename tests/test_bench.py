@@ -85,6 +85,15 @@ def test_bench_decode_cli():
     assert out["llama_cpp"] is None and d["quantization"].startswith("auto: int4 g32")
     assert d["decode_step"] == "fused C"        # SmolLM2's quantized decode steps run as one C call
     assert d["bound_ms_per_token"] > 0 and d["ratio"] == pytest.approx(d["decode_ms_per_token"] / d["bound_ms_per_token"])
+    assert d["loaded_ms_rounds"] == [] and d["background_load"] == 0
+
+
+@pytest.mark.slow
+def test_bench_decode_times_each_round_again_beside_busy_processes():
+    out = bench("decode", "--prefill-lens", "16", "--steps", "4", "--background-load", "1", "--repeat", "2")
+    (d,) = out["runs"]
+    assert d["background_load"] == 1 and len(d["loaded_ms_rounds"]) == len(d["decode_ms_rounds"]) == 2
+    assert all(ms > 0 for ms in d["loaded_ms_rounds"])
 
 
 @pytest.mark.slow

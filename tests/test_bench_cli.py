@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from minillm.bench.kv import concurrency_cap_warning, kv_bench
-from minillm.bench.registry import BENCHES, FLAGS, PARALLEL, SPECULATIVE
+from minillm.bench.registry import BENCHES, FLAGS, PARALLEL, SPECULATIVE, ZERO_OK
 from minillm.bench.spread import MAX_SPREAD, spread, spread_warning, warn_if_repeats_disagree
 from minillm.bench.workload import WorkloadSpec, random_workload
 from minillm.cli import build_parser, main
@@ -207,15 +207,17 @@ def test_repeating_benches_report_their_repeats():
 
 
 @pytest.mark.parametrize("name, flag", [(name, FLAGS[d].names[0]) for name, b in BENCHES.items() for d in b.flags
-                                        if FLAGS[d].kwargs.get("type") is int and d != "seed"])
+                                        if FLAGS[d].kwargs.get("type") is int])
 def test_every_count_flag_below_one_is_refused_before_the_model_loads(name, flag, capsys, monkeypatch):
-    """Every integer flag a bench reads (the registry's, so a new one is covered) refuses 0 before anything loads."""
+    """Every integer flag a bench reads (the registry's, so a new one is covered) refuses 0 before anything loads
+    (-1 where 0 means something: no busy processes, the first seed)."""
     import minillm.loading.loader as loader
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model loaded before the flag was checked")
     monkeypatch.setattr(loader, "load_model", no_load)
-    nargs = FLAGS[next(d for d in FLAGS if FLAGS[d].names[0] == flag)].kwargs.get("nargs")
-    values = ["4", "0"] if nargs == 2 else ["0"]
+    dest = next(d for d in FLAGS if FLAGS[d].names[0] == flag)
+    lo = 0 if dest in ZERO_OK else 1
+    values = [str(lo + 3), str(lo - 1)] if FLAGS[dest].kwargs.get("nargs") == 2 else [str(lo - 1)]
     assert main(["bench", name, flag, *values]) == 2
-    assert f"{flag} must be at least 1" in capsys.readouterr().err
+    assert f"{flag} must be at least {lo}" in capsys.readouterr().err

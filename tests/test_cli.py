@@ -85,6 +85,9 @@ def test_every_command_has_help(command, capsys):
     (["bench", "kv", "--plot", "x.png"], "--plot does not apply to bench kv"),
     (["bench", "prefix", "--repeat", "0"], "--repeat must be at least 1"),
     (["bench", "parallel", "--steps", "0"], "--steps must be at least 1"),
+    (["bench", "decode", "--background-load", "-1"], "--background-load must be at least 0, got -1"),
+    (["bench", "throughput", "--background-load", "2"], "--background-load does not apply to bench throughput"),
+    (["generate", "hi", "--kernel-threads", "some"], "kernel_threads='some'"),
 ])
 def test_bad_input_is_a_clear_error(args, words, capsys):
     assert main(args) == 2

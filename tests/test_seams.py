@@ -66,7 +66,7 @@ def test_every_entry_point_takes_its_defaults_from_engine_config():
     assert engine_config(args) == default.replace(block_size=4, enable_prefix_caching=False, kv_cache_memory="8MiB")
     assert {a.dest for a in p._actions} >= set(setting_names()) - {"speculative_config"}
     spec = engine_config(p.parse_args(["--speculative", "layer_skip", "--draft-layers", "3"])).speculative
-    assert (spec.method, spec.draft_layers, spec.num_speculative_tokens) == ("layer_skip", 3, 4)
+    assert (spec.method, spec.draft_layers, spec.num_speculative_tokens) == ("layer_skip", 3, "auto")
     import inspect
 
     from minillm.llm import LLM
@@ -84,7 +84,7 @@ def test_engine_config_fields_have_one_default_each():
                                     "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config",
                                     "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend",
                                     "pipeline_micro_batches", "decode_step", "qgemm", "qgemm_batched", "w8a8_kernel",
-                                    "cpu_attention_kernel"}
+                                    "cpu_attention_kernel", "kernel_threads"}
 
 
 def test_a_large_kv_budget_costs_no_memory_up_front():

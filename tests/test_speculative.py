@@ -292,21 +292,27 @@ def marginal():
     return exact_second_token_marginal()
 
 
-def spec_engine(rejection_sampler=None):
-    engine = make_engine("draft_model", 2, num_blocks=512, block_size=4, max_num_seqs=128,
+def spec_engine(rejection_sampler=None, k: int | str = 2):
+    engine = make_engine("draft_model", k, num_blocks=512, block_size=4, max_num_seqs=128,
                          max_num_batched_tokens=512)
     if rejection_sampler is not None:
         engine.plug(rejection_sampler=rejection_sampler)
+    if k == "auto":                     # cheap verification, so the policy's k follows each request's acceptance
+        from minillm.spec_decode.adaptive import Costs
+        from tests.test_spec_adaptive import FakeCosts
+        engine.spec.policy.costs = FakeCosts(Costs(plain=1.0, jump=0.0, per_row=0.001, draft_round=0.0))
     return engine
 
 
 @pytest.mark.slow
-def test_the_second_token_follows_the_targets_distribution_with_and_without_speculation(marginal):
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_the_second_token_follows_the_targets_distribution_with_and_without_speculation(marginal, k):
     """Pearson chi-square, 3,000 requests each (seeds 1 and 2), temperature 2, k = 2 drafted by a different
-    model (so q is far from p and most drafts are rejected): p > 1e-3 with and without speculation."""
+    model (so q is far from p and most drafts are rejected): p > 1e-3 with and without speculation. With auto k,
+    each request's k is chosen from the outcomes before it (its own and the engine's acceptance so far)."""
     plain = chi_square(second_tokens(make_engine(None, num_blocks=512, block_size=4, max_num_seqs=128,
                                                  max_num_batched_tokens=512), N_SAMPLES, 1), marginal)
-    engine = spec_engine()
+    engine = spec_engine(k=k)
     spec = chi_square(second_tokens(engine, N_SAMPLES, 2), marginal)
     assert engine.spec.stats.num_draft_tokens >= N_SAMPLES           # the 2nd token really went through verification
     assert 0.05 < engine.spec.stats.acceptance_rate < 0.95           # with both accepts and rejections

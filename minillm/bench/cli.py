@@ -3,17 +3,19 @@ when a bench runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from typing import Iterator
 
 import torch
 
-from minillm.bench import decode, parallel, quality, serving
+from minillm.bench import decode, llama_server, parallel, quality, serving
 from minillm.bench.kv import concurrency_cap_warning, kv_bench, pool_tokens_per_gib
 from minillm.bench.prefix import format_prefix, prefix_bench
 from minillm.bench.spec import SpecBenchConfig, format_spec_bench, run_spec_bench, spec_plot
 from minillm.bench.structured import format_structured, structured_bench as run_bench
-from minillm.bench.throughput import load_hf_peer, run_minillm, run_transformers_static, throughput_plot
+from minillm.bench.throughput import EngineRun, load_hf_peer, run_minillm, run_transformers_static, throughput_plot
 from minillm.bench.registry import QUALITY_DEFAULT, bench_actions
 from minillm.bench.spread import warn_if_repeats_disagree
 from minillm.bench.workload import WorkloadSpec, make_workload
@@ -70,19 +72,21 @@ def decode_bench(args) -> int:
         if total > 1 and not args.json:
             print(f"[round {done}/{total}]", file=sys.stderr, flush=True)
     results, peer = decode.run_decode_benches(loads, tuple(args.prompt_lens), args.steps, args.repeat, peer_args,
-                                              progress)
+                                              progress, args.background_load)
     series = {}
     for b in results:
         name = b.quantization.split(":")[0]
         series[f"decode ms/token, {name}"] = b.decode_ms_rounds
         series.update({f"prefill {n} tokens, {name}": ts for n, ts in b.prefill_s_repeats.items()})
+        if b.loaded_ms_rounds:
+            series[f"decode ms/token under load, {name}"] = b.loaded_ms_rounds
     if peer:
         series["llama.cpp decode tok/s"] = peer["tg_tok_s_rounds"]
     warn_if_repeats_disagree("decode", series)
     if args.json:
         print(json.dumps({"runs": [decode.as_dict(b) for b in results], "llama_cpp": peer}))
     else:
-        print(decode.format_decode_benches(results, peer))
+        print("\n".join([decode.format_decode_benches(results, peer), *decode.format_background(results, peer)]))
     return 0
 
 
@@ -159,12 +163,21 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     loaded = models[quantizations[0]][0]
     workload = make_workload(loaded.tokenizer, spec)
     rounds: dict[str, list[float]] = {q: [] for q in models}
-    for _ in range(args.repeat):
-        for q, (lq, config) in models.items():
-            run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
-            rounds[q].append(round(run.tok_s, 2))
-            if q not in runs or run.tok_s > runs[q].tok_s:
-                runs[q] = run
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(_llama_server(args, loaded, models[quantizations[0]][1], spec, workload)) \
+            if args.llama_server else None
+        for _ in range(args.repeat):
+            for q, (lq, config) in models.items():
+                run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
+                rounds[q].append(round(run.tok_s, 2))
+                if q not in runs or run.tok_s > runs[q].tok_s:
+                    runs[q] = run
+            if peer is not None:
+                run = llama_server.run(peer, workload)
+                rounds.setdefault("llama-server", []).append(round(run.tok_s, 2))
+                if "llama-server" not in runs or run.tok_s > runs["llama-server"].tok_s:
+                    runs["llama-server"] = run
+    peer_run = runs.pop("llama-server", None)
     mini = runs[quantizations[0]]
     by_bs = {}
     if not args.no_baseline:
@@ -185,8 +198,35 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
         "dtype": str(loaded.model.dtype).removeprefix("torch."), "quantization": quantizations[0],
         "threads": torch.get_num_threads(), "model": loaded.path.name, "workload": spec.as_dict(),
         "settings": {**models[quantizations[0]][1].as_kwargs(), "greedy": True, "ignore_eos": True},
-        "repeat": args.repeat, "repeats": {f"minillm {q} output tok/s": v for q, v in rounds.items()},
+        "repeat": args.repeat, "repeats": {f"{q if q == 'llama-server' else 'minillm ' + q} output tok/s": v
+                                           for q, v in rounds.items()},
+        "llama_server": None if peer_run is None else _peer_result(args, loaded, models[quantizations[0]][1], spec,
+                                                                  peer_run, mini, rounds[quantizations[0]],
+                                                                  rounds["llama-server"]),
     }
+
+
+def _peer_result(args, loaded, config: EngineConfig, spec: WorkloadSpec, peer: EngineRun, mini: EngineRun,
+                 mini_rounds: list[float], peer_rounds: list[float]) -> dict:
+    cmd = llama_server.command(args.llama_server, loaded.path, torch.get_num_threads(),
+                               config.scheduler.max_num_seqs, _slot_len(spec), 0)
+    return {**peer.summary(), "command": " ".join(cmd[:-2]),          # the port was a free one
+            "minillm_over_llama_server": round(mini.tok_s / peer.tok_s, 3),
+            "per_round_ratios": [round(a / b, 3) for a, b in zip(mini_rounds, peer_rounds)]}
+
+
+def _slot_len(spec: WorkloadSpec) -> int:
+    """Each llama-server slot holds one request's prompt and output, and a little room."""
+    return spec.max_prompt + spec.max_output + 16
+
+
+@contextlib.contextmanager
+def _llama_server(args, loaded, config: EngineConfig, spec: WorkloadSpec, workload: list) -> Iterator[str]:
+    """llama-server beside minillm for the whole run (idle while minillm runs), warmed up like minillm."""
+    with llama_server.running(args.llama_server, loaded.path, torch.get_num_threads(),
+                              config.scheduler.max_num_seqs, _slot_len(spec)) as url:
+        llama_server.warm_up(url, workload)
+        yield url
 
 
 def matmul_paths(quantization: str, model=None) -> str:
@@ -215,6 +255,14 @@ def format_throughput(r: dict, plot: str | None) -> str:
     lines += [f"transformers static bs={bs:<3d}  : {v:8.1f} output tok/s" for bs, v in r["baseline_by_batch_size"].items()]
     if r["ratio"] is not None:
         lines.append(f"ratio {r['quantization']} vs best static ({r['baseline_best_batch_size']}): {r['ratio']:8.2f}x")
+    peer = r.get("llama_server")
+    if peer is not None:
+        lines += [f"llama.cpp llama-server         : {peer['tok_s']:8.1f} output tok/s   ({peer['command']})",
+                  f"ratio {r['quantization']} vs llama-server: {peer['minillm_over_llama_server']:8.2f}x"
+                  + (f"   (per round: {', '.join(f'{x:.2f}' for x in peer['per_round_ratios'])})"
+                     if len(peer["per_round_ratios"]) > 1 else ""),
+                  f"llama-server: TTFT p50/p99 {peer['ttft_p50_s']:.2f}/{peer['ttft_p99_s']:.2f} s, "
+                  f"TPOT p50/p99 {1000 * peer['tpot_p50_s']:.0f}/{1000 * peer['tpot_p99_s']:.0f} ms"]
     lines.append(f"minillm {r['quantization']}: TTFT p50/p99 {m['ttft_p50_s']:.2f}/{m['ttft_p99_s']:.2f} s, "
                  f"TPOT p50/p99 {1000 * m['tpot_p50_s']:.0f}/{1000 * m['tpot_p99_s']:.0f} ms, "
                  f"peak {m['peak_running']} running, {m['num_preemptions']} preemptions, "

@@ -6,9 +6,13 @@ We measure the bandwidth with a large tensor copy and print the measured time (t
 request at a time) next to that bound."""
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -36,6 +40,13 @@ class DecodeBench:
     decode_step: str = "layers"   # "fused C" when the decode steps ran as one C call (kernels/cpu_decode.py)
     decode_ms_rounds: list[float] = field(default_factory=list)   # one per --repeat round; decode_ms_per_token: best
     prefill_s_repeats: dict[int, list[float]] = field(default_factory=dict)   # each prefill's timed repeats
+    loaded_ms_rounds: list[float] = field(default_factory=list)   # --background-load: each round's ms/token under it
+    background_load: int = 0
+
+    @property
+    def slowdowns(self) -> list[float]:
+        """Per round: ms/token with the background load over ms/token without it, measured back to back."""
+        return [loaded / quiet for quiet, loaded in zip(self.decode_ms_rounds, self.loaded_ms_rounds)]
 
 
 def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -90,6 +101,21 @@ def time_decode(engine: LLMEngine, steps: int = 64) -> float:
     return 1000 * statistics.mean(_run(engine, prompt, steps + 1)[1:])
 
 
+@contextlib.contextmanager
+def background_load(n: int) -> Iterator[None]:
+    """n processes that each keep a core busy (a Python loop: CPU, next to no memory traffic) while the block
+    runs: a laptop compiling, a shared CI machine. n = 0: nothing."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        if procs:
+            time.sleep(0.5)                 # started and spinning before the timing starts
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(128, 512),
                      decode_steps: int = 64) -> DecodeBench:
     return run_decode_benches([(loaded, config)], prompt_lens, decode_steps)[0][0]
@@ -97,11 +123,12 @@ def run_decode_bench(loaded, config: EngineConfig | None = None, prompt_lens=(12
 
 def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 64, rounds: int = 1,
                        llama_bench: tuple[str, int] | None = None,
-                       progress=None) -> tuple[list[DecodeBench], dict | None]:
+                       progress=None, background: int = 0) -> tuple[list[DecodeBench], dict | None]:
     """One DecodeBench per (loaded model, config), and llama.cpp's decode speed when `llama_bench` = (binary,
     threads) is given. With rounds > 1 the decode timings of every model and llama-bench alternate round by round
     (a shared machine's speed drifts by tens of percent within minutes): each keeps its fastest round, and the
-    per-round numbers are kept so a ratio can be taken within each round."""
+    per-round numbers are kept so a ratio can be taken within each round. With `background` > 0 every decode
+    timing (llama-bench's too) is taken again right after it with that many busy processes beside it."""
     engines, results = [], []
     for loaded, config in loads:
         config = config if config is not None else EngineConfig()
@@ -114,19 +141,28 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
         engines.append((loaded, config, engine, {n: time_prefill(engine, n, record=repeats[n]) for n in prompt_lens},
                         repeats))
     rounds_ms: list[list[float]] = [[] for _ in engines]
+    loaded_ms: list[list[float]] = [[] for _ in engines]
     steps_fused = [False] * len(engines)
     peer_rounds: list[dict] = []
     for r in range(rounds):
         for i, (_, _, engine, _, _) in enumerate(engines):
             fused_before = cpu_decode.FUSED_STEPS
             rounds_ms[i].append(time_decode(engine, decode_steps))
+            if background:
+                with background_load(background):
+                    loaded_ms[i].append(time_decode(engine, decode_steps))
             steps_fused[i] = steps_fused[i] or cpu_decode.FUSED_STEPS > fused_before
         if llama_bench is not None:
             peer_rounds.append(run_llama_bench(llama_bench[0], loads[0][0].path, llama_bench[1], decode_steps))
+            if background:
+                with background_load(background):
+                    peer_rounds[-1]["tg_tok_s_loaded"] = run_llama_bench(
+                        llama_bench[0], loads[0][0].path, llama_bench[1], decode_steps)["tg_tok_s"]
         if progress is not None:
             progress(r + 1, rounds)
     bw = measure_bandwidth()
-    for (loaded, config, engine, prefill, prefill_repeats), ms, fused in zip(engines, rounds_ms, steps_fused):
+    for (loaded, config, engine, prefill, prefill_repeats), ms, fused, lms in zip(engines, rounds_ms, steps_fused,
+                                                                                 loaded_ms):
         wbytes = loaded.model.weight_bytes()
         bound_ms = 1000 * wbytes / bw
         best = min(ms)
@@ -137,12 +173,17 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
                                    bandwidth_gb_s=bw / 1e9, weight_bytes_per_token=wbytes,
                                    bound_ms_per_token=bound_ms, ratio=best / bound_ms,
                                    decode_step="fused C" if fused else "layers", decode_ms_rounds=ms,
-                                   prefill_s_repeats=prefill_repeats))
+                                   prefill_s_repeats=prefill_repeats, loaded_ms_rounds=lms,
+                                   background_load=background))
     peer = None
     if peer_rounds:
         peer = dict(peer_rounds[0])
         peer["tg_tok_s_rounds"] = [p["tg_tok_s"] for p in peer_rounds]
         peer["tg_tok_s"] = max(peer["tg_tok_s_rounds"])
+        if background:
+            peer["tg_tok_s_loaded_rounds"] = [p["tg_tok_s_loaded"] for p in peer_rounds]
+            peer["slowdowns"] = [q / lo for q, lo in zip(peer["tg_tok_s_rounds"], peer["tg_tok_s_loaded_rounds"])]
+        peer.pop("tg_tok_s_loaded", None)
     return results, peer
 
 
@@ -151,6 +192,28 @@ def speed_ratios(b: DecodeBench, peer: dict) -> tuple[float, float]:
     best = 1000 / b.decode_ms_per_token / peer["tg_tok_s"]
     per_round = [1000 / ms / tg for ms, tg in zip(b.decode_ms_rounds, peer.get("tg_tok_s_rounds", [peer["tg_tok_s"]]))]
     return best, statistics.median(per_round)
+
+
+def format_background(runs: list[DecodeBench], llama_cpp: dict | None) -> list[str]:
+    """The --background-load lines: each engine's slowdown (loaded / quiet time per token, median of the rounds)
+    and minillm's over llama.cpp's."""
+    if not runs or not runs[0].background_load:
+        return []
+    n = runs[0].background_load
+    lines = [f"with {n} busy process{'es' if n > 1 else ''} beside it (--background-load {n}), ms/token loaded / "
+             "quiet, back to back:"]
+    for b in runs:
+        lines.append(f"  minillm {b.quantization.split(':')[0]:10s}: {statistics.median(b.loaded_ms_rounds):8.2f} "
+                     f"ms/token, {statistics.median(b.slowdowns):.2f}x its quiet time")
+    if llama_cpp is not None and "slowdowns" in llama_cpp:
+        peer = statistics.median(llama_cpp["slowdowns"])
+        lines.append(f"  llama.cpp         : {1000 / statistics.median(llama_cpp['tg_tok_s_loaded_rounds']):8.2f} "
+                     f"ms/token, {peer:.2f}x its quiet time")
+        for b in runs:
+            per_round = [m / p for m, p in zip(b.slowdowns, llama_cpp["slowdowns"])]
+            lines.append(f"  minillm {b.quantization.split(':')[0]}'s slowdown / llama.cpp's: "
+                         f"{statistics.median(per_round):.2f}x (median of {len(per_round)} round(s))")
+    return lines
 
 
 def format_decode_bench(b: DecodeBench) -> str:

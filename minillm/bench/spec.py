@@ -4,13 +4,16 @@ Three seeded tasks that differ in how predictable the output is:
   rewrite  repeat a passage of English prose (Python's own documentation, shipped with CPython) word for word
   code     add type hints to a small function from Python's standard library and return the whole function
   chat     open-ended requests (a story, advice, an explanation)
-Each runs greedy through the same engine without speculation (the baseline) and with every proposer at every k;
-the baseline's text is the reference, so the table also says whether speculation changed a single token.
+Each runs greedy through the same engine without speculation (the baseline) and with every proposer at every k
+(a fixed k, or "auto": the engine picks each sequence's k every step, spec_decode/adaptive.py); the baseline's text
+is the reference, so the table also says whether speculation changed a single token.
 
 Numbers: acceptance (accepted / drafted), tokens per target step (output tokens / engine steps), output tokens/s
 over the whole run (prefill included), the speedup over the baseline, and the speedup speculative_math expects
 from the measured acceptance and draft cost, assuming verifying k + 1 tokens costs one plain step. Where the
-measurement falls short of that, the verification step costs more than a plain one (printed as `verify`).
+measurement falls short of that, the verification step costs more than a plain one (printed as `verify`). A
+separate measurement times steps that verify exactly k + 1 tokens for every sequence against plain steps, per batch
+size: the price speculation has to beat.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from minillm.engine.prompt import build_prompt_ids
 from minillm.layers.attention import get_attention_backend
 from minillm.loading import loader
 from minillm.sampling.params import SamplingParams
+from minillm.spec_decode.draft import Draft
 from minillm.spec_decode.draft_model import ModelDraftProposer
 from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
 from minillm.spec_decode.proposers import check_same_vocabulary
@@ -126,12 +130,14 @@ class TimedProposer:
 class Run:
     task: str
     proposer: str            # "none" for the baseline
-    k: int
+    k: int | str             # "auto": the engine chose k per sequence and step
     batch: int
     output_tokens: int
     seconds: float
     steps: int
     draft_seconds: float = 0.0
+    draft_tokens: int = 0
+    verify_steps: int = 0    # steps that verified at least one guess
     acceptance: Optional[float] = None
     acceptance_per_position: list[float] = field(default_factory=list)
     mean_accepted_length: Optional[float] = None
@@ -172,7 +178,8 @@ def warm_up(engine: LLMEngine) -> None:
         engine.step()
 
 
-def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int, draft, draft_layers: int) -> LLMEngine:
+def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int | str, draft, draft_layers: int
+                ) -> LLMEngine:
     if proposer is None:
         return LLMEngine(loaded.model, loaded.tokenizer, config)
     spec = {"method": "ngram", "num_speculative_tokens": k}
@@ -192,7 +199,7 @@ def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int, draf
 class SpecBenchConfig:
     tasks: tuple[str, ...] = TASKS
     proposers: tuple[str, ...] = PROPOSERS
-    ks: tuple[int, ...] = (2, 4, 8)
+    ks: tuple[int | str, ...] = (2, 4, 8, "auto")
     batch_sizes: tuple[int, ...] = (1, 16)
     batch1_requests: int = 2        # batch 1: this many prompts, one after the other
     max_tokens: int = 96
@@ -207,8 +214,8 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
         bad = sorted(set(given) - set(allowed))
         if bad:
             raise ValueError(f"unknown {name}(s) {bad}: choose from {', '.join(allowed)}")
-    if any(k < 1 for k in bc.ks) or any(b < 1 for b in bc.batch_sizes) or bc.repeat < 1:
-        raise ValueError("--k, --batch-sizes and --repeat take positive integers")
+    if any(k != "auto" and k < 1 for k in bc.ks) or any(b < 1 for b in bc.batch_sizes) or bc.repeat < 1:
+        raise ValueError("--k (or auto), --batch-sizes and --repeat take positive integers")
     draft = None
     if "draft_model" in bc.proposers:
         d = loader.load_model(bc.draft_model, loaded.model.dtype)
@@ -236,7 +243,10 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
     bar.close()
     runs = [best[item] for item in plan]
     base = {(r.task, r.batch): r for r in runs if r.proposer == "none"}
-    return {"runs": [summarize(r, base[(r.task, r.batch)]) for r in runs], "settings": asdict(bc),
+    fixed = tuple(k for k in bc.ks if k != "auto") or (1, 4, 8)
+    verify = {b: verify_costs(loaded, config, b, fixed, bc.seed) for b in bc.batch_sizes}
+    return {"runs": [summarize(r, base[(r.task, r.batch)]) for r in runs], "verify_cost": verify,
+            "settings": asdict(bc),
             "engine": config.as_kwargs(), "model": loaded.path.name,
             "dtype": str(loaded.model.dtype).removeprefix("torch."), "threads": _threads(),
             "repeats": {f"{t} batch {b} {p or 'none'} k={k} seconds": v for (t, b, p, k), v in seconds.items()}}
@@ -251,10 +261,50 @@ def _measure(loaded, config: EngineConfig, bc: SpecBenchConfig, item: tuple, pro
     r = Run(task, proposer or "none", k, batch, tokens, seconds, steps, texts=texts)
     if proposer is not None:
         s = engine.spec.stats
-        r.draft_seconds = engine.spec.proposer.seconds
+        r.draft_seconds, r.draft_tokens, r.verify_steps = engine.spec.proposer.seconds, s.num_draft_tokens, s.num_steps
         r.acceptance, r.mean_accepted_length = s.acceptance_rate, s.mean_accepted_length
         r.acceptance_per_position = [round(x, 3) for x in s.acceptance_rate_per_position]
     return r
+
+
+class FullDraftProposer:
+    """Always drafts the full k (the last token, repeated): every step verifies exactly k + 1 rows per sequence."""
+
+    def propose(self, seqs, num_tokens):
+        return [Draft([s.token_ids[-1]] * k) for s, k in zip(seqs, num_tokens)]
+
+    def verified(self, seq, num_accepted):
+        pass
+
+    def free(self, seq):
+        pass
+
+
+def verify_costs(loaded, config: EngineConfig, batch: int, ks: tuple[int, ...], seed: int, steps: int = 8
+                 ) -> dict[int, float]:
+    """{k: the time of a step verifying k + 1 tokens for each of `batch` sequences, in plain decode steps at the
+    same batch size}: `steps` decode steps of each after two untimed ones, chat prompts, drafts that are always k
+    long (so no step is cut short by a missing draft)."""
+    prompts = task_prompts(loaded.tokenizer, "chat", batch, seed)
+
+    def step_seconds(k: int) -> float:
+        engine = make_engine(loaded, config, None if k == 0 else "ngram", k, None, 0)
+        if k:
+            engine.plug(proposer=FullDraftProposer())
+        params = SamplingParams(temperature=0, max_tokens=(steps + 3) * (k + 1) + k + 2, ignore_eos=True)
+        for p in prompts:
+            engine.add_request(p, params)
+        while any(s.num_tokens == s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()                   # prefill
+        for _ in range(2):
+            engine.step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        return (time.perf_counter() - t0) / steps
+
+    plain = min(step_seconds(0) for _ in range(2))
+    return {k: round(min(step_seconds(k) for _ in range(2)) / plain, 3) for k in ks}
 
 
 def _threads() -> int:
@@ -270,15 +320,18 @@ def summarize(r: Run, base: Run) -> dict:
     if r.proposer == "none":
         return out
     base_step = base.seconds / base.steps                       # one plain step at this batch size
-    draft_cost = (r.draft_seconds / r.steps / r.k) / base_step  # one drafted position, in plain steps
+    # auto: k as it came out, the mean guesses per verifying step (a step at k = 0 costs a plain step)
+    k = r.k if r.k != "auto" else (r.draft_tokens / r.verify_steps if r.verify_steps else 0.0)
+    draft_cost = (r.draft_seconds / r.steps / k) / base_step if k else 0.0   # one drafted position, in plain steps
     verify = (r.seconds - r.draft_seconds) / r.steps / base_step
     alpha = r.acceptance or 0.0
     out.update(acceptance=None if r.acceptance is None else round(r.acceptance, 3),
                acceptance_per_position=r.acceptance_per_position,
                mean_accepted_length=None if r.mean_accepted_length is None else round(r.mean_accepted_length, 3),
-               draft_cost=round(draft_cost, 3), verify_cost=round(verify, 3),
-               expected_tokens_per_step=round(expected_tokens_per_step(alpha, r.k), 3),
-               expected_speedup=round(expected_speedup(alpha, r.k, draft_cost), 3))
+               draft_cost=round(draft_cost, 3), verify_cost=round(verify, 3), mean_k=round(k, 2),
+               draft_tokens=r.draft_tokens, verify_steps=r.verify_steps,
+               expected_tokens_per_step=round(expected_tokens_per_step(alpha, k), 3),
+               expected_speedup=round(expected_speedup(alpha, k, draft_cost), 3))
     out["why"] = why(out)
     return out
 
@@ -288,6 +341,10 @@ def why(r: dict) -> str:
     if r["speedup"] >= 1.0:
         return ""
     alpha, k = r["acceptance"] or 0.0, r["k"]
+    if k == "auto":
+        return (f"{r['verify_steps']} of {r['steps']} steps verified guesses (mean k {r['mean_k']:.1f}): its first, "
+                "prior-driven guesses and the plain steps it times cost this much, or load on the machine moved "
+                "between this run and the baseline's (try --repeat 3)")
     if alpha < 0.25:
         return (f"drafts are rarely right (acceptance {alpha:.0%}): each step verifies {k} extra tokens per "
                 "sequence and still yields about one")
@@ -301,15 +358,15 @@ def format_spec_bench(result: dict) -> str:
     lines = [f"{result['model']}, {result['dtype']}, {result['threads']} threads, greedy, "
              f"max_tokens {result['settings']['max_tokens']} (batch 1: {result['settings']['batch1_requests']} "
              f"requests one after the other)",
-             f"{'task':8s} {'batch':>5s} {'proposer':12s} {'k':>2s} {'accept':>7s} {'tok/step':>8s} {'tok/s':>7s} "
+             f"{'task':8s} {'batch':>5s} {'proposer':12s} {'k':>4s} {'accept':>7s} {'tok/step':>8s} {'tok/s':>7s} "
              f"{'speedup':>7s} {'expect':>7s} {'draft':>6s} {'verify':>6s}  same"]
     for r in result["runs"]:
         if r["proposer"] == "none":
-            lines.append(f"{r['task']:8s} {r['batch']:5d} {'(none)':12s} {'':>2s} {'':>7s} {r['tokens_per_step']:8.2f} "
+            lines.append(f"{r['task']:8s} {r['batch']:5d} {'(none)':12s} {'':>4s} {'':>7s} {r['tokens_per_step']:8.2f} "
                          f"{r['tok_s']:7.1f} {'1.00x':>7s}")
             continue
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
-        lines.append(f"{r['task']:8s} {r['batch']:5d} {r['proposer']:12s} {r['k']:2d} {acc:>7s} "
+        lines.append(f"{r['task']:8s} {r['batch']:5d} {r['proposer']:12s} {str(r['k']):>4s} {acc:>7s} "
                      f"{r['tokens_per_step']:8.2f} {r['tok_s']:7.1f} {r['speedup']:6.2f}x {r['expected_speedup']:6.2f}x "
                      f"{r['draft_cost']:6.2f} {r['verify_cost']:6.2f}  {'yes' if r['same_text'] else 'NO'}")
     slow = [r for r in result["runs"] if r.get("why")]
@@ -318,8 +375,17 @@ def format_spec_bench(result: dict) -> str:
         for r in slow:
             lines.append(f"  {r['task']}/{r['proposer']}/k={r['k']}/batch {r['batch']} ({r['speedup']:.2f}x): {r['why']}")
     lines.append("\ndraft: one drafted token's cost in plain target steps; verify: a speculative step's target "
-                 "work (drafting excluded) in plain steps; expect: speculative_math.expected_speedup(acceptance, k, "
-                 "draft), which assumes verify = 1.")
+                 "work (drafting excluded) in plain steps (auto: over all its steps, plain ones included); expect: "
+                 "speculative_math.expected_speedup(acceptance, k, draft), which assumes verify = 1 (auto: k = the "
+                 "mean guesses per verifying step).")
+    costs = result.get("verify_cost") or {}
+    if costs:
+        ks = sorted({k for per in costs.values() for k in per})
+        lines.append("\ncost of one step verifying k + 1 tokens per sequence, in plain decode steps at the same batch "
+                     "size (every sequence drafts exactly k; what a draft must earn back):")
+        lines.append(f"{'batch':>5s} " + " ".join(f"{f'k={k}':>6s}" for k in ks))
+        for b, per in costs.items():
+            lines.append(f"{b:5d} " + " ".join(f"{per[k]:5.2f}x" if k in per else f"{'-':>6s}" for k in ks))
     return "\n".join(lines)
 
 
@@ -334,18 +400,21 @@ def spec_plot(result: dict, path: str) -> None:
     colors = {"ngram": "tab:blue", "layer_skip": "tab:orange", "draft_model": "tab:green"}
     for ax, b in zip(axes[0], batches):
         for (task, prop) in sorted({(r["task"], r["proposer"]) for r in result["runs"] if r["proposer"] != "none"}):
-            pts = sorted((r["k"], r["speedup"]) for r in result["runs"]
-                         if r["batch"] == b and r["task"] == task and r["proposer"] == prop)
+            rows = [r for r in result["runs"] if r["batch"] == b and r["task"] == task and r["proposer"] == prop]
+            pts = sorted((r["k"], r["speedup"]) for r in rows if r["k"] != "auto")
             if pts:
                 ax.plot(*zip(*pts), styles.get(task, "-"), marker="o", color=colors.get(prop), label=f"{task} / {prop}")
+            for r in rows:        # auto: a star at its mean k
+                if r["k"] == "auto":
+                    ax.plot([r["mean_k"]], [r["speedup"]], marker="*", ms=12, color=colors.get(prop), ls="none")
         ax.axhline(1.0, color="grey", lw=1)
         ax.set_title(f"batch {b}")
-        ax.set_xlabel("k (tokens drafted per step)")
+        ax.set_xlabel("k (tokens drafted per step; stars: auto at its mean k)")
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 8]))
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}x"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticks(sorted({r["k"] for r in result["runs"] if r["proposer"] != "none"}))
+        ax.set_xticks(sorted({r["k"] for r in result["runs"] if r["proposer"] != "none" and r["k"] != "auto"}))
     axes[0][0].set_ylabel("speedup over no speculation (output tok/s)")
     fig.legend(*axes[0][0].get_legend_handles_labels(), fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle("speculative decoding on this machine (greedy; above 1 = faster)")

@@ -95,9 +95,9 @@ class LLMEngine:
         spec = self.config.speculative
         if spec is None:
             return NoSpeculation()
-        if spec.num_speculative_tokens + 1 > self.config.scheduler.max_num_batched_tokens:
+        if spec.k_max + 1 > self.config.scheduler.max_num_batched_tokens:
             raise ValueError(f"num_speculative_tokens={spec.num_speculative_tokens} needs a step budget of at "
-                             f"least {spec.num_speculative_tokens + 1} tokens (max_num_batched_tokens="
+                             f"least {spec.k_max + 1} tokens (max_num_batched_tokens="
                              f"{self.config.scheduler.max_num_batched_tokens}): raise it or draft fewer tokens")
         ctx = ProposerContext(self.model, self.tokenizer, num_blocks, self.config.cache.block_size,
                               get_attention_backend(self.config.attention_backend))

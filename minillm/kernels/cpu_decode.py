@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from minillm import config
-from minillm.kernels import cpu_native, cpu_qgemm
+from minillm.kernels import cpu_native, cpu_qgemm, cpu_threads
 from minillm.quant.formats import QuantizedWeight
 
 CSRC = Path(__file__).with_name("csrc")
@@ -227,7 +227,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
                                  w.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  k_cache.data_ptr(), v_cache.data_ptr(), num_slots, slots.data_ptr(),
                                  tables.data_ptr(), tables.shape[1], lens.data_ptr(), block_size,
-                                 torch.get_num_threads())
+                                 cpu_threads.team_size())
     if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
     if rc == -6:    # NaN or inf reached an int16 matmul's input: the layers' float fallback propagates it

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from minillm.kernels import cpu_native
+from minillm.kernels import cpu_native, cpu_threads
 
 SOURCE = Path(__file__).with_name("csrc") / "int16_gemm.c"
 CHUNK = 64           # inputs per scale (csrc/int16_gemm.c): 64 * PMAX * QMAX < 2^31
@@ -127,7 +127,7 @@ def linear(x: torch.Tensor, packed: PackedInt16, nthreads: int | None = None) ->
         sx = _scratch("scales", m_pad * -(-k // CHUNK), torch.float32)
         rc = lib.minillm_int16_gemm(x2.data_ptr(), m, k, x2.stride(0), packed.tiles.data_ptr(),
                                     packed.scales.data_ptr(), n_pad, y.data_ptr(), p.data_ptr(), sx.data_ptr(),
-                                    nthreads or torch.get_num_threads())
+                                    nthreads or cpu_threads.team_size())
         if rc == -2:
             return None
         if rc != 0:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from minillm import config
+from minillm.kernels import cpu_threads
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
@@ -138,4 +139,4 @@ def paged_decode(q: torch.Tensor, rows: torch.Tensor, k_slots: torch.Tensor, v_s
         pools, fn = (*pools, k_scale.data_ptr(), v_scale.data_ptr()), lib.minillm_paged_decode_int8
     fn(q.data_ptr(), q.stride(0), q.stride(1), rows.data_ptr(), rows.shape[0], *pools, block_tables.data_ptr(),
        seq_lens.data_ptr(), q.shape[1], num_kv_heads, head_dim, num_slots, block_tables.shape[1], block_size,
-       float(scale), out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads())
+       float(scale), out.data_ptr(), out.stride(0), out.stride(1), cpu_threads.team_size())

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from minillm import config
-from minillm.kernels import cpu_int16, cpu_native, cpu_w8a8
+from minillm.kernels import cpu_int16, cpu_native, cpu_threads, cpu_w8a8
 from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 
@@ -165,7 +165,7 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     out = torch.empty(n, k, dtype=torch.float32)
     mins = qw.mins.data_ptr() if qw.mins is not None else None
     lib.minillm_dequant(KIND[qw.kind], qw.qweight.data_ptr(), qw.scales.data_ptr(), mins, n, k, qw.group_size,
-                        out.data_ptr(), torch.get_num_threads())
+                        out.data_ptr(), cpu_threads.team_size())
     return out
 
 
@@ -246,7 +246,7 @@ def kernel(x: torch.Tensor, qw: QuantizedWeight, lib: ctypes.CDLL | None = None)
         mins = qw.mins.data_ptr() if qw.mins is not None else None
         rc = lib.minillm_qgemm(KIND[qw.kind], x2.data_ptr(), m, k, x2.stride(0), qw.qweight.data_ptr(),
                                qw.scales.data_ptr(), mins, n, qw.group_size, y.data_ptr(), n,
-                               torch.get_num_threads())
+                               cpu_threads.team_size())
         if rc != 0:
             raise MemoryError("the quantized matmul could not allocate its activation buffer")
     y = y.view(*lead, n)

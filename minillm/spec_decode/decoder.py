@@ -7,10 +7,13 @@ the sampler turns those rows into the target's distributions p (penalties, tempe
 and the rejection sampler keeps a prefix of the guesses plus one token of the target's own. The engine then
 commits only the kept positions (the scheduler rolls the KV back and gives empty blocks back).
 
-k per sequence is capped so that a step never emits past max_tokens and never writes past the context window.
+k per sequence is capped so that a step never emits past max_tokens and never writes past the context window. With
+num_speculative_tokens="auto" an AdaptiveK policy (adaptive.py) picks each sequence's k in 0..k_max every step from
+its acceptance so far and the engine's measured step costs; this decoder times the steps and reports the outcomes.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Collection, Mapping, Optional
 
 import torch
@@ -18,6 +21,7 @@ import torch
 from minillm import interfaces
 from minillm.config import SpeculativeConfig
 from minillm.sampling.sampler import SamplingBatch, TokenLogprobs, token_logprobs
+from minillm.spec_decode.adaptive import AdaptiveK
 from minillm.spec_decode.draft import SpecStats
 from minillm.spec_decode.rejection_sampler import RejectionSampler
 
@@ -55,30 +59,42 @@ class SpecDecoder:
         self.config, self.proposer, self.vocab_size = config, proposer, vocab_size
         self.rejection_sampler = rejection_sampler or RejectionSampler()
         self.stats = SpecStats()
+        self.policy: Optional[AdaptiveK] = AdaptiveK(config.k_max) if config.adaptive else None
+        # the step in flight (auto only): when it began, its decoding sequences, the seconds spent drafting, and
+        # the sequences holding an unverified shadow guess
+        self._step_start, self._decoding, self._draft_seconds = 0.0, set(), 0.0
+        self._shadowed: dict[int, Sequence] = {}
 
     @property
     def num_speculative_tokens(self) -> int:
-        return self.config.num_speculative_tokens
+        """The most tokens drafted for one sequence in a step (k, or auto's k_max)."""
+        return self.config.k_max
 
     # ------------------------------------------------------------------ before scheduling
     def propose(self, running: list[Sequence], max_model_len: int) -> None:
         """Draft for every running sequence that is decoding (it has sampled a token, and all its tokens but the
         newest are in the KV cache) and holds no drafts yet. A prompt one token short of done is not decoding:
         its next token comes from the plain sampler, which also forks its n > 1 samples."""
-        seqs, ks = [], []
+        self._step_start = time.perf_counter()
+        decoding, caps = [], []
         for seq in running:
             if seq.spec.token_ids or seq.is_finished or seq.num_computed_tokens != seq.num_tokens - 1 \
                     or seq.num_tokens == seq.num_prompt_tokens or seq.pending_forks:
                 continue
-            k = min(self.num_speculative_tokens,
-                    seq.params.max_tokens - len(seq.output_token_ids) - 1,   # a step emits up to k + 1 tokens
-                    max_model_len - seq.num_tokens - 1)                       # positions up to num_tokens - 1 + k
-            if k >= 1:
-                seqs.append(seq)
-                ks.append(k)
+            decoding.append(seq)
+            caps.append(max(0, min(self.num_speculative_tokens,
+                                   seq.params.max_tokens - len(seq.output_token_ids) - 1,  # a step emits up to k + 1
+                                   max_model_len - seq.num_tokens - 1)))     # positions up to num_tokens - 1 + k
+        ks = caps if self.policy is None else self._choose(decoding, caps)
+        seqs = [s for s, k in zip(decoding, ks) if k >= 1]
+        ks = [k for k in ks if k >= 1]
         if not seqs:
             return
+        t = time.perf_counter()
         drafts = self.proposer.propose(seqs, ks)
+        if self.policy is not None:
+            self._draft_seconds = time.perf_counter() - t
+            self.policy.costs.record_draft(len(seqs), max(ks), self._draft_seconds)
         if not isinstance(drafts, (list, tuple)) or len(drafts) != len(seqs):
             raise ValueError(f"{type(self.proposer).__name__}.propose must return one Draft per sequence "
                              f"({len(seqs)}), got {drafts!r:.200}")
@@ -100,25 +116,60 @@ class SpecDecoder:
                     raise ValueError(f"{type(self.proposer).__name__} gave draft probs of shape "
                                      f"{tuple(probs.shape)}; expected [{len(tokens)}, {self.vocab_size}]")
                 probs = probs[:len(tokens)]
+            if seq.seq_id in self._shadowed:     # not verified: only compared with the token the step emits
+                self.policy.state(seq.seq_id).shadow = tokens[0] if tokens else None
+                continue
             seq.spec.token_ids, seq.spec.probs = tokens, (probs if tokens else None)
+
+    def _choose(self, decoding: list[Sequence], caps: list[int]) -> list[int]:
+        """auto: the policy's k per decoding sequence; where drafting is about free, a sequence left at k = 0 gets
+        one shadow guess (drafted, never verified) so its acceptance keeps being measured."""
+        self._decoding, self._draft_seconds, self._shadowed = {s.seq_id for s in decoding}, 0.0, {}
+        if not decoding:
+            return []
+        ks = self.policy.choose([s.seq_id for s in decoding], caps)
+        if self.policy.drafting_is_cheap(len(decoding)):
+            for i, (seq, k, cap) in enumerate(zip(decoding, ks, caps)):
+                if k == 0 and cap >= 1:
+                    ks[i] = 1
+                    self._shadowed[seq.seq_id] = seq
+        return ks
 
     def drop(self, seq: Sequence) -> None:
         """seq was preempted, finished or aborted: its guesses and the proposer's state for it are gone."""
         seq.spec.clear()
         self.proposer.free(seq)
+        if self.policy is not None:
+            self.policy.forget(seq.seq_id)
 
     def after_step(self, appended: Mapping[Sequence, list[int]], verified: Collection[Sequence],
                    scheduled: list[tuple[Sequence, int]]) -> None:
         """After the engine appended this step's tokens: a finished sequence is forgotten; a verified one tells the
         proposer how many guesses became real (the rest of its KV is stale); guesses a short budget left unverified
         are dropped (a one-token budget: none kept)."""
+        if self.policy is not None:
+            self._observe_step(appended, scheduled)
         for seq, tokens in appended.items():
             if seq.text.finished:
                 self.drop(seq)
-            elif seq in verified or seq.spec.token_ids:
+            elif seq in verified or seq.spec.token_ids or seq.seq_id in self._shadowed:
                 self.proposer.verified(seq, len(tokens) - 1)
         for seq, _ in scheduled:
             seq.spec.clear()
+
+    def _observe_step(self, appended: Mapping[Sequence, list[int]], scheduled: list[tuple[Sequence, int]]) -> None:
+        """auto: shadow guesses against the emitted tokens; the step's time (drafting excluded) into the cost table
+        when every row in it was a decoding sequence's (a prefill chunk would make it another kind of step)."""
+        for seq, tokens in appended.items():
+            if seq.seq_id in self._shadowed:
+                self.policy.observe_shadow(seq.seq_id, tokens[0])
+        for seq in self._shadowed.values():
+            if seq not in appended and seq.seq_id in self.policy.seqs:   # not scheduled: the guess is void (a
+                self.policy.seqs[seq.seq_id].shadow = None                 # model draft rolls its KV back)
+                self.proposer.verified(seq, 0)
+        if scheduled and all(seq.seq_id in self._decoding for seq, _ in scheduled):
+            seconds = time.perf_counter() - self._step_start - self._draft_seconds
+            self.policy.costs.record_step(len(scheduled), sum(n for _, n in scheduled), seconds)
 
     # ------------------------------------------------------------------ after the forward pass
     def verify(self, items: list[tuple[Sequence, list[int]]], logits: torch.Tensor, sampler: interfaces.Sampler
@@ -156,6 +207,8 @@ class SpecDecoder:
             lps = (token_logprobs(logits[rs[:len(toks)]], torch.tensor(toks), [n] * len(toks)) if n is not None
                    else [None] * len(toks))
             seq.metrics.spec.record(len(d), len(toks) - 1)
+            if self.policy is not None:
+                self.policy.observe(seq.seq_id, len(d), len(toks) - 1)
             self.stats.record(len(d), len(toks) - 1)
             result[seq] = (toks, lps, len(d))
         return result
