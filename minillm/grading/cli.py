@@ -56,10 +56,7 @@ def find_notebooks(path: Path) -> list[Path]:
 
 def _error(cell: NotebookNode) -> dict | None:
     """The cell's first error output (nbformat's: ename, evalue, traceback), or None."""
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            return out
-    return None
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
 
 
 _SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")

@@ -5,41 +5,28 @@ suite without the integrity checks (tests/ run it on minillm's own implementatio
 `check` does, in order:
 
 1. `task.form(answer)`: the answer has the right shape (a function, a class with these methods, ...).
-2. `reject_delegation`: the answer is not minillm's own implementation of the piece, nor the grader's oracle,
-   under any alias (partial, partialmethod, bound method, staticmethod, `__wrapped__`, a subclass that does not
-   override). Code of the learner's own that looks like theirs is never a reason to fail: honest answers coincide
-   with them (a one-line formula, the statement's step order, natural names); a long verbatim copy of minillm's
-   implementation is noted for the instructor after the verdict (copy_note), the grade is the behaviour's.
-3. `task.verify(answer)` under a `Watch`: the properties, while a tracer notes if minillm's implementation of the
-   piece runs at all, or the grader's oracle runs under the learner's code (a wrapper, a subclass calling super(),
-   a composition that forwards). Either one fails the check, whatever the properties said.
+2. `reject_delegation`: the answer is not minillm's own implementation of the piece, nor the grader's oracle, under
+   any alias. Code of the learner's own that looks like theirs is never a reason to fail (honest answers coincide
+   with them); a long verbatim copy of minillm's implementation is only noted for the instructor (copy_note).
+3. `task.verify(answer)` under a `Watch`: a tracer that fails the check when minillm's implementation of the piece
+   runs at all, or the grader's oracle runs under the learner's code (a wrapper, super(), a forwarding composition).
 A failure raises one GradingError (an AssertionError: nbgrader and pytest count it as a failed test) that reads like
 feedback: what went wrong, the smallest failing example hypothesis found, a hint.
 
-Feedback: the conventions a lab's grader follows (lab08 and later too)
+Feedback: the conventions a lab's grader follows
   - The verdict is `message` / `Smallest failing example` / `Hint`, raised with `fail(message, hint)` (or `check`)
     inside a property that `run_property` runs, or anywhere in `verify`. Never `assert` or a bare exception.
   - The message says what was wrong on which case, in the statement's words; a known mistake is named after " — "
     (`diagnose` against the lab's list of wrong variants).
-  - The example is what the learner's code was called with, never the generator's knobs (seeds, sizes used to
-    build the inputs): for a function answer `run_property` shows its last call in the failing example, by the
-    learner's own argument names (the Watch records calls, rendered by `show`: tensors as dtype and shape); for a
-    class answer, the property's arguments (the operations that drove it: name them so they read as such). Pass
-    `example=False` to run_property when the message already shows the case, `example=callable` to render the
-    property's arguments yourself, or `fail(message, example=...)` the calls you logged (lab02). Extra calls of
-    the answer made to explain a failure go inside `diagnose` or `with not_recorded():`.
-  - Hints are staged (`Hint(nudge, more, show)`), counted per task in the kernel session (`Task.check`): the first
-    failure shows the nudge (the concept and where to look; no formula, no code), the second adds `more`, the
-    third on adds the "Show me:" line with the formula. A pass starts the count again. A plain string hint is
-    shown as is on every failure: keep those to facts about the failure (a type to return, an exception to raise),
-    never the solution. An untouched answer (NotImplementedError) reads NOT_IMPLEMENTED, with no hint at all.
-  - Time: a check runs under `time_limit(Task.time_limit)` (SIGALRM; DEFAULT_TIME_LIMIT s, times the environment's
-    MINILLM_TIME_LIMIT_SCALE) and an endless loop reads "timed out after N s", naming the task and the learner's
-    function and line that were running. A lab that runs many cases may nest a shorter `time_limit` per case
-    (lab04).
+  - The example is what the learner's code was called with, never the generator's knobs (see `run_property`).
+    Extra calls of the answer made to explain a failure go inside `diagnose` or `with not_recorded():`.
+  - Hints are staged (`Hint(nudge, more, show)`, see `Task.check`). A plain string hint is shown as is on every
+    failure: keep those to facts about the failure, never the solution. An untouched answer (NotImplementedError)
+    reads NOT_IMPLEMENTED, with no hint at all.
+  - A check runs under `time_limit(Task.time_limit)`: an endless loop reads "timed out after N s", naming the
+    learner's function and line that were running. A lab may nest a shorter `time_limit` per case (lab04).
   - An exception from the learner's code reads "your code raised X: ... (in f, line N: `...`)"; one from the
-    grader itself says it is the grader's bug. In a notebook the verdict shows without a traceback
-    (GradingError._render_traceback_): no grader frame, no install path.
+    grader itself says it is the grader's bug. In a notebook the verdict shows without a traceback.
 
 Feedback, not verdicts: `task.check` runs in the learner's kernel, where an answer cell can change anything, so its
 integrity checks (exact-type reads of results, references computed from copies of the inputs, refusing minillm's
@@ -53,6 +40,7 @@ import contextlib
 import dataclasses
 import dis
 import functools
+import importlib
 import inspect
 import os
 import re
@@ -83,8 +71,6 @@ __all__ = ["GradingError", "Hint", "fail", "check", "as_int", "as_float", "as_in
            "is_library_file",
            "show", "learner_location", "time_limit", "TimedOut", "reset_attempts", "DEFAULT_TIME_LIMIT"]
 
-
-# --------------------------------------------------------------------------- reading results with exact types
 
 # --------------------------------------------------------------------------- delegation: aliases, copies, tracing
 
@@ -831,19 +817,21 @@ def _raised_in_learner_code(exc: BaseException) -> bool:
     return False
 
 
+def resolve(paths: Iterable[str]) -> list:
+    """The minillm objects at "module:attr" paths (attr may be dotted), imported now."""
+    found = []
+    for path in paths:
+        module, _, attr = path.partition(":")
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)   # raw: no binding
+        found.append(obj)
+    return found
+
+
 def minillm_objects(*paths: str) -> Callable[[], list]:
-    """A Task's `engine`: the minillm objects at "module:attr" paths (attr may be dotted), imported when asked."""
-    def objects() -> list:
-        import importlib
-        found = []
-        for path in paths:
-            module, _, attr = path.partition(":")
-            obj = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)   # raw: no binding
-            found.append(obj)
-        return found
-    return objects
+    """A Task's `engine`: the minillm objects at "module:attr" paths, imported when asked (`resolve`)."""
+    return lambda: resolve(paths)
 
 
 def function_answer(what: str) -> Callable[[Any], Any]:

@@ -27,7 +27,6 @@ import collections
 import contextlib
 import copy
 import functools
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -39,7 +38,7 @@ from minillm.engine.outputs import StepInfo
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.engine.simple import SimpleGenerator
-from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, is_library_file,
+from minillm.grading.core import (GradingError, Hint, Task, TimedOut, as_int, check, fail, learner_location,
                                   minillm_objects, run_property, time_limit)
 from minillm.kv.block_manager import BlockManager
 from minillm.sampling.params import SamplingParams
@@ -272,7 +271,7 @@ def _drive(engine: LLMEngine, cls, case: Case) -> list:
     except (GradingError, NotImplementedError, TimedOut):
         raise
     except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
-        fail(f"building your scheduler raised {type(e).__name__}: {e}{_where(e)}")
+        fail(f"building your scheduler raised {type(e).__name__}: {e}{learner_location(e)}")
     seen, records, done, bm = [], [], {}, engine.block_manager
     engine.add_step_observer(seen.append)
     order = sorted(range(len(case.prompts)), key=lambda i: case.arrivals[i])
@@ -459,15 +458,8 @@ def _crash(e: BaseException, k: int, state: str, expected: tuple, before: list, 
             hint = (f"{_label(seq)} was given slots past its {seq.num_tokens} tokens: n = min(tokens left, budget), "
                     "and for a waiting sequence tokens left = seq.num_tokens - bm.peek_prefix(seq.token_ids) (its "
                     "cached prefix is not computed again)")
-    return (f"step {k} ({state}): the engine failed with {type(e).__name__}: {msg}{_where(e)}; {want}"
+    return (f"step {k} ({state}): the engine failed with {type(e).__name__}: {msg}{learner_location(e)}; {want}"
             + (f" — {hint}" if hint else ""))
-
-
-def _where(exc: BaseException) -> str:
-    """The innermost frame of the learner's own code (not minillm's, torch's or hypothesis') in the traceback."""
-    mine = [f for f in traceback.extract_tb(exc.__traceback__)
-            if f.filename.startswith("<ipython") or not is_library_file(f.filename)]
-    return f" (in {mine[-1].name}, line {mine[-1].lineno}: `{(mine[-1].line or '').strip()}`)" if mine else ""
 
 
 def _check_end(engine: LLMEngine, bm: BlockManager, case: Case, done: dict) -> None:
@@ -624,8 +616,8 @@ def _preempt_the_oldest(probe: type) -> None:
         fail(f"{e.message} (preempt called on the oldest of 3 running sequences: it must act on the sequence it "
              "is given, whichever it is)", SUITES[3][1], example=calls)
     except Exception as e:  # noqa: BLE001 — the learner's code may raise anything
-        fail(f"preempt({_label(oldest)}) of the oldest running sequence raised {type(e).__name__}: {e}{_where(e)}",
-             SUITES[3][1], example=calls)
+        fail(f"preempt({_label(oldest)}) of the oldest running sequence raised {type(e).__name__}: "
+             f"{e}{learner_location(e)}", SUITES[3][1], example=calls)
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.finished:

@@ -680,7 +680,7 @@ def _mass_checks(draw: Callable[..., Any]) -> None:
 # before calling draw, which token a draw that follows probs returns. On ordinary rows it first finds which of them
 # the learner's draw follows token for token (none: these checks are skipped; the counts above still apply); then it
 # searches seeds whose random numbers land that way in the sliver, and the learner's draw must land there too.
-def _inverse_cdf(p: torch.Tensor, u: float) -> tuple[int, float]:
+def inverse_cdf(p: torch.Tensor, u: float) -> tuple[int, float]:
     """(token, distance of u * total from its interval's edges) for an inverse CDF in float64."""
     cdf = p.double().cumsum(0)
     x = u * float(cdf[-1])
@@ -691,9 +691,9 @@ def _inverse_cdf(p: torch.Tensor, u: float) -> tuple[int, float]:
 
 _CONSUMPTIONS = {
     "an inverse CDF on one float32 uniform (torch.rand(1, generator=generators[i]))":
-        lambda p, g: _inverse_cdf(p, float(torch.rand((), generator=g))),
+        lambda p, g: inverse_cdf(p, float(torch.rand((), generator=g))),
     "an inverse CDF on one float64 uniform (torch.rand(1, generator=generators[i], dtype=torch.float64))":
-        lambda p, g: _inverse_cdf(p, float(torch.rand((), generator=g, dtype=torch.float64))),
+        lambda p, g: inverse_cdf(p, float(torch.rand((), generator=g, dtype=torch.float64))),
     "torch.multinomial(probs[i], 1, generator=generators[i])":
         lambda p, g: (int(torch.multinomial(p, 1, generator=g)[0]), float("inf")),
 }

@@ -38,6 +38,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import (GradingError, Hint, Task, as_ints, check, diagnose, fail, minillm_objects,
                                   run_property)
+from minillm.grading.lab06 import inverse_cdf
 from minillm.testing import chi_square
 
 __all__ = ["check_lab07_1", "check_lab07_2", "TASKS", "single_step", "reference_find_ngram_draft", "STAT_CASES",
@@ -362,18 +363,12 @@ def _reproducibility(rule: Callable[..., Any]) -> None:
 # still apply): for a rejected draft, an acceptance uniform (float32, float64, or none) then the residual draw (an
 # inverse CDF on one float32 / float64 uniform, or torch.multinomial). Then it searches seeds whose numbers land,
 # that way, in the sliver, and the rule must land there too.
-def _inverse_cdf(p: torch.Tensor, u: float) -> int:
-    cdf = p.double().cumsum(0)
-    x = torch.tensor([u * float(cdf[-1])], dtype=torch.float64)
-    return min(int(torch.searchsorted(cdf, x, right=True)), p.numel() - 1)
-
-
 _PRE = {"no acceptance uniform": None,
         "a float32 acceptance uniform": lambda g: torch.rand((), generator=g),
         "a float64 acceptance uniform": lambda g: torch.rand((), generator=g, dtype=torch.float64)}
-_DRAW = {"an inverse CDF on one float32 uniform": lambda r, g: _inverse_cdf(r, float(torch.rand((), generator=g))),
+_DRAW = {"an inverse CDF on one float32 uniform": lambda r, g: inverse_cdf(r, float(torch.rand((), generator=g)))[0],
          "an inverse CDF on one float64 uniform":
-             lambda r, g: _inverse_cdf(r, float(torch.rand((), generator=g, dtype=torch.float64))),
+             lambda r, g: inverse_cdf(r, float(torch.rand((), generator=g, dtype=torch.float64)))[0],
          "torch.multinomial": lambda r, g: int(torch.multinomial(r, 1, generator=g)[0])}
 
 

@@ -28,14 +28,12 @@ cases run first, each naming the mistake it catches; hypothesis draws the rest.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import torch
 from hypothesis import example, given, strategies as st
 
-from minillm.grading.core import (GradingError, Hint, Task, as_tensor, diagnose, fail, minillm_objects, not_recorded,
-                                  run_property)
+from minillm.grading.core import GradingError, Hint, Task, as_tensor, diagnose, fail, minillm_objects, run_property
 from minillm.quant.formats import QuantizedWeight
 
 __all__ = ["check_lab08_1", "check_lab08_2", "check_lab08_3", "check_lab08_4", "TASKS", "int8_codes_ref",

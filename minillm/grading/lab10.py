@@ -39,7 +39,7 @@ from hypothesis import example, given, strategies as st
 
 from minillm.grading.core import GradingError, Hint, Task, as_int, as_ints, check, fail, minillm_objects, run_property
 from minillm.structured.automata import DEAD, DFA, NFA, RegexTooComplex, compile_regex
-from minillm.structured.regex import Alt, Chars, Concat, Repeat, parse
+from minillm.structured.regex import Alt, Chars, Concat, parse
 from minillm.structured.token_index import TokenIndex, VocabTrie
 
 __all__ = ["check_lab10_1", "check_lab10_2", "check_lab10_3", "TASKS", "nfa_accepts", "first_difference",
@@ -152,20 +152,22 @@ def _expected(pattern: str, data: bytes) -> bool:
 
 # --------------------------------------------------------------------------- lab10_1 Thompson's construction
 
+def _closure(eps, states) -> frozenset:
+    """The states reachable from `states` by epsilon edges (a fixed point)."""
+    seen, todo = set(states), list(states)
+    while todo:
+        for t in eps[todo.pop()]:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return frozenset(seen)
+
+
 def nfa_accepts(edges, eps, start: int, end: int, data: bytes) -> bool:
-    """The NFA's verdict on `data`, by definition: the set of states it can be in (epsilon edges followed to a
-    fixed point), moved on each byte."""
-    def closure(states):
-        seen, todo = set(states), list(states)
-        while todo:
-            for t in eps[todo.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-        return seen
-    current = closure([start])
+    """The NFA's verdict on `data`, by definition: the set of states it can be in, moved on each byte."""
+    current = _closure(eps, [start])
     for b in data:
-        current = closure({t for s in current for lo, hi, t in edges[s] if lo <= b <= hi})
+        current = _closure(eps, {t for s in current for lo, hi, t in edges[s] if lo <= b <= hi})
         if not current:
             return False
     return end in current
@@ -355,16 +357,6 @@ def verify_lab10_1(build_nfa) -> None:
 
 
 # --------------------------------------------------------------------------- lab10_2 the subset construction
-
-def _closure(eps, states) -> frozenset:
-    seen, todo = set(states), list(states)
-    while todo:
-        for t in eps[todo.pop()]:
-            if t not in seen:
-                seen.add(t)
-                todo.append(t)
-    return frozenset(seen)
-
 
 def first_difference(transitions, accepting, start: int, edges, eps, nfa_start: int, accept: int,
                      limit: int = 50_000):

@@ -18,7 +18,6 @@ the sandbox answers is checked there.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import pickle
@@ -39,7 +38,6 @@ from minillm.grading import core, wire
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))       # .../minillm
 _SEALED_MODULES = ("minillm.grading.lab", "minillm.testing", "minillm.grading.core", "minillm.grading.trusted",
                    "minillm.grading.cli")
-START_TIMEOUT = 120.0
 
 
 # --------------------------------------------------------------------------- the grader's side
@@ -150,13 +148,9 @@ def _replace_kernel(kernel: Any, message: str) -> None:
 def stub_engine(paths: list[str]) -> list[str]:
     """Replace each "module:qualname" object with a stub; returns the files whose reading is refused."""
     files = []
-    for path in paths:
+    for path, obj in zip(paths, core.resolve(paths)):
         module_name, _, qualname = path.partition(":")
-        module = importlib.import_module(module_name)
-        files.append(os.path.realpath(module.__file__))
-        obj = module
-        for part in qualname.split("."):
-            obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
+        files.append(os.path.realpath(sys.modules[module_name].__file__))
         message = (f"minillm's own {qualname} is not available while your answer is graded: the answer must "
                    "compute this with your own code.")
         if isinstance(obj, type):
@@ -167,17 +161,6 @@ def stub_engine(paths: list[str]) -> list[str]:
         else:
             _replace(obj, message)
     return files
-
-
-def resolve(paths: list[str]) -> list[Any]:
-    found = []
-    for path in paths:
-        module_name, _, qualname = path.partition(":")
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
-        found.append(obj)
-    return found
 
 
 class _Refuse:
@@ -270,7 +253,7 @@ class _Host:
         self.channel = channel
 
     def __call__(self, what: str, engine: list[str], payload: bytes) -> tuple[int, dict]:
-        refs = core.fingerprints(resolve(engine))     # for the copy note, before the engine's code is stubbed
+        refs = core.fingerprints(core.resolve(engine))     # for the copy note, before the engine's code is stubbed
         seal(stub_engine(engine))
         answer, source = pickle.loads(payload), None
         if isinstance(answer, tuple) and len(answer) == 3 and answer[0] == "minillm-answer/1":

@@ -145,11 +145,9 @@ def _class(answer: _Answer, d: dict) -> type:
         elif kind == "property":
             space[name] = property(lambda self, n=name: getattr(self.__dict__["_remote"], n))
         elif name != "__init__":
-            space[name] = _instance_method(name)
+            space[name] = _Forward(name)
     if base is None:
-        space["__init__"] = _remote_init(answer)
-        space["__getattr__"] = _remote_getattr
-        space["__setattr__"] = lambda self, name, value: setattr(self.__dict__["_remote"], name, value)
+        _remote_instances(space, answer)
     return type(d["name"], (base,) if base is not None else (), space)
 
 
@@ -169,12 +167,10 @@ def _remote_subclass(answer: _Answer, d: dict, base: type) -> type:
         elif kind == "property":
             space[name] = property(lambda self, n=name: getattr(self.__dict__["_remote"], n))
         elif kind in ("method", "static", "classmethod"):
-            space[name] = _instance_method(name)
+            space[name] = _Forward(name)
         elif kind in ("data", "class") and name in d["members"]:
             space[name] = getattr(answer.proxy(), name)
-    space["__init__"] = _remote_init(answer)
-    space["__getattr__"] = _remote_getattr
-    space["__setattr__"] = lambda self, name, value: setattr(self.__dict__["_remote"], name, value)
+    _remote_instances(space, answer)
     return type(d["name"], (base,), space)
 
 
@@ -200,10 +196,13 @@ def _remote_getattr(self: Any, name: str) -> Any:
     return getattr(self.__dict__["_remote"], name)
 
 
-def _remote_init(answer: _Answer) -> Callable[..., None]:
+def _remote_instances(space: dict[str, Any], answer: _Answer) -> None:
+    """A stand-in class's instances live in the sandbox (`_remote`): construction, reads and writes go there."""
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         self.__dict__["_remote"] = answer.proxy()(*args, **kwargs)
-    return __init__
+    space["__init__"] = __init__
+    space["__getattr__"] = _remote_getattr
+    space["__setattr__"] = lambda self, name, value: setattr(self.__dict__["_remote"], name, value)
 
 
 class _Forward:
@@ -218,10 +217,6 @@ class _Forward:
 
     def __call__(self, obj: Any, *args: Any, **kwargs: Any) -> Any:
         return wire.Method(obj.__dict__["_remote"], self.name)(*args, **kwargs)
-
-
-def _instance_method(name: str) -> Any:
-    return _Forward(name)
 
 
 def _class_member(answer: _Answer, name: str) -> Callable[[], Any]:

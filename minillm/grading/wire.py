@@ -470,7 +470,6 @@ class Channel:
             except Exception:  # noqa: BLE001
                 exc = RemoteError(f"{name}: {text}")
         exc.remote_where = at
-        exc.remote_type = name
         if not_implemented:
             exc.__cause__ = NotImplementedError()
         return exc
