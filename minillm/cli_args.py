@@ -35,8 +35,8 @@ _HELP = {
     "distributed_executor_backend": "how the other ranks run: mp (local processes) | thread | env (started by "
                                     "torchrun, one or several machines) | auto (env under torchrun, else mp)",
     "pipeline_micro_batches": "pipeline parallelism: micro-batches per step (default: one per stage)",
-    "kernel_threads": "the C kernels' threads: adaptive (torch's thread count, fewer while other processes keep the "
-                      "cores busy: a busy machine decodes far faster) | fixed (always torch's thread count)",
+    "kernel_threads": "the C kernels' threads: adaptive (torch's thread count, or one thread while the decode step "
+                      "measures one faster: on a busy machine a team waits at its barriers) | fixed (always torch's)",
 }
 
 # speculative_config's fields as flags (vLLM's names where it has them); method and model get clearer ones.

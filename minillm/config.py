@@ -172,8 +172,8 @@ class KernelConfig:
     w8a8_kernel: str = _kernel_default("w8a8_kernel")
     # the CPU attention backend's decode kernel: c (csrc/paged_decode.c) | numba
     cpu_attention_kernel: str = _kernel_default("cpu_attention_kernel")
-    # the C kernels' team: adaptive: torch's thread count, fewer while other processes keep the cores busy
-    # (kernels/cpu_threads.py) | fixed: always torch's thread count
+    # the C kernels' team: adaptive: torch's thread count, or one thread while the fused decode step measures one
+    # faster (a busy machine; kernels/cpu_threads.py) | fixed: always torch's thread count
     kernel_threads: str = _kernel_default("kernel_threads")
 
     def __post_init__(self) -> None:

@@ -43,7 +43,7 @@ def test_bench_throughput_against_llama_server(fake_server, capsys):
     r = json.loads(capsys.readouterr().out)
     started = json.loads(log.read_text())
     assert started["m"].endswith(".gguf") and started["np"] == "8" and started["t"] == str(torch.get_num_threads())
-    assert int(started["c"]) == 8 * (24 + 6 + 16)
+    assert int(started["c"]) == 8 * (24 + 6 + 16) and started["no_cache_prompt"]     # each round starts cold
     peer = r["llama_server"]
     assert peer["output_tokens"] == r["minillm"]["output_tokens"]           # the same workload, to the token
     assert peer["minillm_over_llama_server"] == pytest.approx(r["minillm_tok_s"] / peer["tok_s"], rel=1e-2)

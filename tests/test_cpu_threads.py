@@ -1,9 +1,6 @@
-"""The C kernels' team size on a busy machine (kernels/cpu_threads.py): torch's thread count, one thread while
-other processes oversubscribe the cores; what it reads from /proc, and bench decode's --background-load."""
+"""The C kernels' team on a busy machine (kernels/cpu_threads.py): torch's thread count, or one thread while the
+fused step measures one thread faster; and bench decode's --background-load."""
 from __future__ import annotations
-
-import statistics
-import time
 
 import pytest
 import torch
@@ -14,55 +11,67 @@ from minillm.kernels import cpu_threads
 
 
 @pytest.fixture
-def team(monkeypatch):
-    """A fresh sampler whose 'other runnable threads' the test sets, on a 2-core machine, 2 torch threads."""
-    fresh = cpu_threads._Team()
-    fresh.cores = 2
-    busy = [0]
-    monkeypatch.setattr(cpu_threads, "_team", fresh)
-    monkeypatch.setattr(cpu_threads, "runnable_elsewhere", lambda: busy[0])
-    monkeypatch.setattr(cpu_threads, "SAMPLE_EVERY_S", 0.0)          # every call samples
+def choice(monkeypatch):
+    """A fresh chooser on 2 torch threads whose clock the test moves (probes are due every PROBE_EVERY_S)."""
+    fresh, now = cpu_threads.TeamChoice(), [100.0]
+    monkeypatch.setattr(cpu_threads, "_choice", fresh)
+    monkeypatch.setattr(cpu_threads, "_current", 0)
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: now[0])
+    fresh.last_probe = now[0]
     before = torch.get_num_threads()
     torch.set_num_threads(2)
-    yield busy
+    yield fresh, now
     torch.set_num_threads(before)
 
 
-def _settle(n: int = cpu_threads.SAMPLES) -> int:
-    return [cpu_threads.team_size() for _ in range(n)][-1]
+def _steps(n: int, seconds: dict[int, float], rows: int = 1) -> list[int]:
+    """n fused steps whose time depends on the team they got; the teams chosen."""
+    teams = []
+    for _ in range(n):
+        team = cpu_threads.step_team(rows)
+        cpu_threads.record(team, rows, seconds[team])
+        teams.append(team)
+    return teams
 
 
-def test_the_team_is_torchs_until_the_cores_are_oversubscribed(team):
-    for others, size in [(0, 2), (1, 2), (3, 2), (4, 1), (9, 1), (0, 2)]:
-        team[0] = others
-        assert _settle() == size, (others, size)
+def test_the_team_stays_while_it_is_faster(choice):
+    _, now = choice
+    teams = _steps(12, {2: 0.004, 1: 0.0065})            # quiet: two threads beat one
+    assert teams[0] == 2 and teams.count(1) == 1          # one probe of a single thread, then the team
+    now[0] += cpu_threads.PROBE_EVERY_S
+    assert _steps(3, {2: 0.004, 1: 0.0065}) == [1, 2, 2]  # a probe a second keeps the other time current
+    assert cpu_threads.team_size() == 2
 
 
-def test_a_short_burst_elsewhere_does_not_shrink_the_team(team):
-    _settle()
-    team[0] = 8
-    assert cpu_threads.team_size() == 2                 # one sample of five: the median is still quiet
-    assert _settle() == 1
+def test_a_collapsing_team_gives_way_to_one_thread_and_comes_back(choice):
+    _, now = choice
+    _steps(8, {2: 0.004, 1: 0.0065})
+    busy = _steps(8, {2: 0.08, 1: 0.01})                  # the machine gets busy: team steps take 20x longer
+    assert busy == [2, 2, 2] + [1] * 5                    # once the team's median has moved: one thread
+    assert cpu_threads.team_size() == 1                   # the other C kernels follow the fused step's choice
+    for _ in range(cpu_threads.SAMPLES):                  # quiet again: the probes bring the team back
+        now[0] += cpu_threads.PROBE_EVERY_S
+        _steps(2, {2: 0.004, 1: 0.0065})
+    assert _steps(3, {2: 0.004, 1: 0.0065}) == [2, 2, 2]
 
 
-def test_fixed_keeps_torchs_thread_count(team):
-    team[0] = 50
+def test_each_number_of_rows_is_measured_on_its_own(choice):
+    _steps(8, {2: 0.004, 1: 0.0065}, rows=1)
+    assert cpu_threads.step_team(48) == 2                 # 48 rows: nothing known yet, the team first
+
+
+def test_fixed_keeps_torchs_thread_count(choice):
+    _, now = choice
     with config.kernels_set(kernel_threads="fixed"):
-        assert _settle() == 2
-    assert _settle() == 1
+        for _ in range(10):
+            now[0] += cpu_threads.PROBE_EVERY_S
+            assert _steps(1, {2: 0.08, 1: 0.001}) == [2]
+        assert cpu_threads.team_size() == 2
 
 
-def test_proc_counts_other_processes_busy_threads():
-    """Real /proc: busy processes beside this one are counted (a lower bound on a machine doing other work too)."""
-    quiet = cpu_threads.runnable_elsewhere()
-    if quiet is None:
-        pytest.skip("no /proc/loadavg here: the team stays at torch's thread count")
-    with decode.background_load(3):
-        seen = []
-        for _ in range(15):
-            seen.append(cpu_threads.runnable_elsewhere())
-            time.sleep(0.02)
-    assert statistics.median(seen) >= 3, seen
+def test_one_torch_thread_is_one_thread(choice):
+    torch.set_num_threads(1)
+    assert _steps(3, {1: 0.01}) == [1, 1, 1]
 
 
 def test_background_load_processes_end_with_the_block():

@@ -17,13 +17,14 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from minillm import config
 from minillm.kernels import cpu_decode, cpu_native, cpu_qgemm
 from minillm.kv.cache import KVCache
 from minillm.layers.attention import AttentionMetadata, CpuAttentionBackend, TorchAttentionBackend
 from minillm.models.llama import ForwardContext
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
 from minillm.testing import random_model
-from minillm.worker.model_runner import fused_decode
+from minillm.worker.model_runner import FUSED_MAX_QUERY, fused_decode
 from tests.test_engine import run_engine
 
 pytestmark = pytest.mark.skipif(cpu_decode.load() is None or cpu_native.load() is None, reason="needs a C compiler")
@@ -38,11 +39,12 @@ def _model(seed: int, kv_heads: int = 2, spec: str = "int4", layers: int = 2):
     return random_model(seed, heads=4, kv_heads=kv_heads, head_dim=16, layers=layers, vocab=128).quantize_(lin, head)
 
 
-def _paged(model, contexts: list[int], block_size: int, seed: int):
-    """A pool holding each sequence's context (prefilled by the layers) in scattered blocks; the decode step's
-    inputs (one new token per sequence) and its metadata."""
+def _paged(model, contexts: list[int], block_size: int, seed: int, new: list[int] | None = None):
+    """A pool holding each sequence's context (prefilled by the layers) in scattered blocks; the step's inputs (one
+    new token per sequence, or new[i]: a verification's k + 1) and its metadata."""
     g = torch.Generator().manual_seed(seed)
-    need = [(c + 1 + block_size - 1) // block_size for c in contexts]
+    new = new or [1] * len(contexts)
+    need = [(c + n + block_size - 1) // block_size for c, n in zip(contexts, new)]
     perm = torch.randperm(sum(need) + 3, generator=g).tolist()
     tables, at = [], 0
     for n in need:
@@ -57,13 +59,16 @@ def _paged(model, contexts: list[int], block_size: int, seed: int):
         return AttentionMetadata(list(lens), [s + n for s, n in zip(starts, lens)], torch.tensor(slots),
                                  torch.tensor([tables[i] + [0] * (width - len(tables[i])) for i in seqs]), block_size)
 
-    ids = [torch.randint(0, 128, (c + 1,), generator=g) for c in contexts]
+    ids = [torch.randint(0, 128, (c + n,), generator=g) for c, n in zip(contexts, new)]
     pre = [i for i, c in enumerate(contexts) if c]
-    if pre:   # prefill the contexts through the layers (not a decode-only step: the fused path declines it)
-        model(torch.cat([ids[i][:-1] for i in pre]), torch.cat([torch.arange(contexts[i]) for i in pre]),
-              ForwardContext(meta(pre, [0] * len(pre), [contexts[i] for i in pre]), cache, CpuAttentionBackend()))
-    step_ids = torch.stack([x[-1] for x in ids])
-    return cache, step_ids, torch.tensor(contexts), meta(range(len(contexts)), contexts, [1] * len(contexts))
+    if pre:   # prefill the contexts through the layers
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MINILLM_DECODE_STEP", "layers")
+            model(torch.cat([ids[i][:contexts[i]] for i in pre]), torch.cat([torch.arange(contexts[i]) for i in pre]),
+                  ForwardContext(meta(pre, [0] * len(pre), [contexts[i] for i in pre]), cache, CpuAttentionBackend()))
+    step_ids = torch.cat([x[c:] for x, c in zip(ids, contexts)])
+    positions = torch.cat([torch.arange(c, c + n) for c, n in zip(contexts, new)])
+    return cache, step_ids, positions, meta(range(len(contexts)), contexts, new)
 
 
 def _layers(model, ids, positions, meta, cache, monkeypatch):
@@ -148,6 +153,35 @@ def test_a_swapped_weight_is_used_at_the_next_step(monkeypatch):
     got, want = _assert_step_matches_layers(model, cache, ids, pos, meta, monkeypatch)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seqs=st.lists(st.tuples(st.integers(0, 40), st.integers(1, FUSED_MAX_QUERY)), min_size=1, max_size=6),
+       block_size=st.sampled_from([4, 8, 16]), kv_heads=st.sampled_from([1, 2, 4]), spec=st.sampled_from(sorted(SPECS)),
+       seed=st.integers(0, 2**16))
+@example(seqs=[(12, 5)], block_size=4, kv_heads=2, spec="int4", seed=0)         # batch 1 verifying 4 guesses: int16
+@example(seqs=[(7, 2)], block_size=8, kv_heads=1, spec="int8", seed=1)          # 2 rows of one sequence: C kernel
+@example(seqs=[(3, 1), (30, 9), (0, 1), (15, 4)], block_size=4, kv_heads=4, spec="int4", seed=2)
+def test_verification_rows_of_one_sequence_equal_the_layers(seqs, block_size, kv_heads, spec, seed):
+    """A speculative step's k + 1 tokens of a sequence are rows of the fused step too, each attending over the
+    context and the rows before it (keys stored by other tasks: all are stored before any row attends). Equal to
+    the layers' causal attention over the same pool within the step's tolerance, keys and values included."""
+    with pytest.MonkeyPatch.context() as mp:
+        model = _model(seed % 7, kv_heads, spec)
+        contexts, new = [c for c, _ in seqs], [n for _, n in seqs]
+        cache, ids, pos, meta = _paged(model, contexts, block_size, seed, new)
+        _assert_step_matches_layers(model, cache, ids, pos, meta, mp)
+
+
+def test_a_row_that_attends_before_the_rows_ahead_of_it_are_stored_is_caught(monkeypatch):
+    """The property above fails when the step treats one sequence's rows as separate sequences that each see only
+    the context (its last row then misses the keys of the rows before it)."""
+    model = _model(3)
+    cache, ids, pos, meta = _paged(model, [9], 8, 3, [5])
+    wrong = AttentionMetadata([1] * 5, [10] * 5, meta.slot_mapping, meta.block_tables.repeat(5, 1), 8)
+    got = fused_decode(model, ids, pos, ForwardContext(wrong, _twin(cache), CpuAttentionBackend()))
+    want = _layers(model, ids, pos, meta, _twin(cache), monkeypatch)
+    assert float((got - want)[1:].abs().max()) > 10 * TOL["int16"] * float(want.abs().max())
+
+
 def _declines(model, cache, ids, pos, meta, backend=None) -> bool:
     ctx = ForwardContext(meta, cache, backend or CpuAttentionBackend())
     return fused_decode(model, ids, pos, ctx) is None
@@ -180,8 +214,9 @@ def test_where_the_fused_step_does_not_apply_it_declines(monkeypatch):
     w8a8 = random_model(5, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=128).quantize_(
         QuantSpec("int8", act="int8"), None)
     assert _declines(w8a8, cache, ids, pos, meta)
-    prefill = AttentionMetadata([2, 1], [4, 5], torch.tensor([0, 1, 2]), meta.block_tables, 8)
-    assert _declines(model, cache, torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4]), prefill)
+    n = FUSED_MAX_QUERY + 1                            # a longer prompt chunk is prefill: the layers run it
+    prefill = AttentionMetadata([n, 1], [n, 5], torch.arange(n + 1), meta.block_tables, 8)
+    assert _declines(model, cache, torch.arange(n + 1), torch.cat([torch.arange(n), torch.tensor([4])]), prefill)
 
 
 def test_a_hooked_or_swapped_module_runs_its_own_code(monkeypatch):
@@ -283,16 +318,27 @@ def test_a_non_contiguous_quantized_weight_is_made_contiguous(monkeypatch):
     _assert_step_matches_layers(model, cache, ids, pos, meta, monkeypatch)
 
 
+@pytest.fixture
+def fixed_team():
+    with config.kernels_set(kernel_threads="fixed"):
+        yield
+
+
 @pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("contexts", [[17, 3], [17, 3, 30, 9, 0, 22, 5]], ids=["C kernel", "int16"])
-def test_the_team_splits_the_step_without_changing_a_bit(threads, contexts, monkeypatch):
+@pytest.mark.parametrize("contexts, new", [([17, 3], None), ([17, 3, 30, 9, 0, 22, 5], None), ([17], [2]),
+                                           ([17, 3, 30], [5, 1, 9])],
+                         ids=["C kernel", "int16", "verifying, C kernel", "verifying, int16"])
+@pytest.mark.usefixtures("fixed_team")
+def test_the_team_splits_the_step_without_changing_a_bit(threads, contexts, new, monkeypatch):
     """One OpenMP team runs the whole step (C kernel: weight rows split over threads in groups of four; int16: rows
     split for the norms and quantization, 24-column blocks for the matmuls; attention tasks from a shared counter;
     spinning barriers between pieces; 3 threads on this 2-core machine also exercise the barrier's yield). Every
     output element is computed by the same code whatever the split, so any thread count must give the single
-    thread's result bit for bit: a missing barrier or a split that drops or doubles rows breaks that."""
+    thread's result bit for bit: a missing barrier or a split that drops or doubles rows breaks that (with one
+    sequence's rows verifying guesses: a row attending before another thread stored the keys ahead of it). The
+    team is pinned to torch's thread count (kernel_threads fixed), whatever else runs on the machine."""
     model = _model(11, kv_heads=2, spec="int4g64")
-    cache, ids, pos, meta = _paged(model, contexts, 4, 11)
+    cache, ids, pos, meta = _paged(model, contexts, 4, 11, new)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -3,10 +3,8 @@ when a bench runs."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from typing import Iterator
 
 import torch
 
@@ -163,20 +161,19 @@ def throughput(spec: WorkloadSpec, args, quantizations: list[str]) -> dict:
     loaded = models[quantizations[0]][0]
     workload = make_workload(loaded.tokenizer, spec)
     rounds: dict[str, list[float]] = {q: [] for q in models}
-    with contextlib.ExitStack() as stack:
-        peer = stack.enter_context(_llama_server(args, loaded, models[quantizations[0]][1], spec, workload)) \
-            if args.llama_server else None
-        for _ in range(args.repeat):
-            for q, (lq, config) in models.items():
-                run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
-                rounds[q].append(round(run.tok_s, 2))
-                if q not in runs or run.tok_s > runs[q].tok_s:
-                    runs[q] = run
-            if peer is not None:
-                run = llama_server.run(peer, workload)
-                rounds.setdefault("llama-server", []).append(round(run.tok_s, 2))
-                if "llama-server" not in runs or run.tok_s > runs["llama-server"].tok_s:
-                    runs["llama-server"] = run
+    for _ in range(args.repeat):
+        for q, (lq, config) in models.items():
+            run = run_minillm(lq.model, lq.tokenizer, workload, config=config, progress=progress)
+            rounds[q].append(round(run.tok_s, 2))
+            if q not in runs or run.tok_s > runs[q].tok_s:
+                runs[q] = run
+        if args.llama_server:
+            run = llama_server.timed_round(args.llama_server, loaded.path, torch.get_num_threads(),
+                                           models[quantizations[0]][1].scheduler.max_num_seqs, _slot_len(spec),
+                                           workload)
+            rounds.setdefault("llama-server", []).append(round(run.tok_s, 2))
+            if "llama-server" not in runs or run.tok_s > runs["llama-server"].tok_s:
+                runs["llama-server"] = run
     peer_run = runs.pop("llama-server", None)
     mini = runs[quantizations[0]]
     by_bs = {}
@@ -218,15 +215,6 @@ def _peer_result(args, loaded, config: EngineConfig, spec: WorkloadSpec, peer: E
 def _slot_len(spec: WorkloadSpec) -> int:
     """Each llama-server slot holds one request's prompt and output, and a little room."""
     return spec.max_prompt + spec.max_output + 16
-
-
-@contextlib.contextmanager
-def _llama_server(args, loaded, config: EngineConfig, spec: WorkloadSpec, workload: list) -> Iterator[str]:
-    """llama-server beside minillm for the whole run (idle while minillm runs), warmed up like minillm."""
-    with llama_server.running(args.llama_server, loaded.path, torch.get_num_threads(),
-                              config.scheduler.max_num_seqs, _slot_len(spec)) as url:
-        llama_server.warm_up(url, workload)
-        yield url
 
 
 def matmul_paths(quantization: str, model=None) -> str:

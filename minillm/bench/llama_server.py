@@ -31,9 +31,10 @@ def _free_port() -> int:
 
 
 def command(binary: str, gguf: str | Path, threads: int, slots: int, slot_len: int, port: int) -> list[str]:
-    """The server's command line: -np slots, each with slot_len tokens of context (-c is their sum), -cb."""
+    """The server's command line: -np slots, each with slot_len tokens of context (-c is their sum), -cb, no prompt
+    cache (each round is started cold, as each of minillm's rounds builds a new engine)."""
     return [str(binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-cb",
-            "-c", str(slots * slot_len), "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+            "-c", str(slots * slot_len), "--no-cache-prompt", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
 
 
 @contextlib.contextmanager
@@ -66,6 +67,15 @@ def _wait_ready(proc: subprocess.Popen, base: str, cmd: str) -> None:
             pass
         time.sleep(0.2)
     raise ValueError(f"llama-server was not ready after {START_TIMEOUT_S:.0f} s ({cmd})")
+
+
+def timed_round(binary: str, gguf: str | Path, threads: int, slots: int, slot_len: int,
+                workload: list[Request]) -> EngineRun:
+    """One round on a server started for it (and warmed up): a server kept for a second round of 64 requests at
+    once answered 27 of them and then nothing (the llama.cpp of llama-cpp-python 0.3.36, prompt cache on or off)."""
+    with running(binary, gguf, threads, slots, slot_len) as url:
+        warm_up(url, workload)
+        return run(url, workload)
 
 
 def prompts_of(workload: list[Request]) -> list[serving.Prompt]:

@@ -137,7 +137,7 @@ class Run:
     steps: int
     draft_seconds: float = 0.0
     draft_tokens: int = 0
-    verify_steps: int = 0    # steps that verified at least one guess
+    verify_steps: int = 0    # verifications: a sequence's guesses checked in a step (a step of 16 can hold 16)
     acceptance: Optional[float] = None
     acceptance_per_position: list[float] = field(default_factory=list)
     mean_accepted_length: Optional[float] = None
@@ -342,7 +342,8 @@ def why(r: dict) -> str:
         return ""
     alpha, k = r["acceptance"] or 0.0, r["k"]
     if k == "auto":
-        return (f"{r['verify_steps']} of {r['steps']} steps verified guesses (mean k {r['mean_k']:.1f}): its first, "
+        return (f"{r['verify_steps']} sequences' guesses verified over {r['steps']} steps (mean k {r['mean_k']:.1f}): "
+                "its first, "
                 "prior-driven guesses and the plain steps it times cost this much, or load on the machine moved "
                 "between this run and the baseline's (try --repeat 3)")
     if alpha < 0.25:

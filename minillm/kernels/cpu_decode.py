@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,7 @@ def load() -> ctypes.CDLL | None:
     if lib is None:
         return None
     lib.minillm_decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I, _P,
-                                        _I, ctypes.c_int]
+                                        _I, ctypes.c_int, ctypes.c_int]
     lib.minillm_decode_step.restype = ctypes.c_int
     return lib
 
@@ -200,12 +201,14 @@ _ERRORS = {-2: (IndexError, "slot_mapping has a slot outside the KV pool's {slot
 
 def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor,
         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: list[int],
-        block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int, vocab_size: int
-        ) -> torch.Tensor | None:
-    """The normed final hidden states [T, hidden] of a decode step (every row one decode token), or None where the
-    step does not apply (the caller runs the layers). `embed_tokens` embeds the ids where the step cannot look them
-    up itself (w.embed None or not in a format it reads). k_cache / v_cache: the float32 contiguous pool; the rest
-    is the step's attention metadata (kv/metadata.py)."""
+        block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int, vocab_size: int,
+        rows_share: bool = False) -> torch.Tensor | None:
+    """The normed final hidden states [T, hidden] of a decode step, or None where the step does not apply (the
+    caller runs the layers). Row t is one token: it writes its K/V at slot_mapping[t] and attends over seq_lens[t]
+    positions through block_tables[t] (one row per token: rows_share when some rows are one sequence's, as a
+    verification step's k + 1 tokens are, each attending over the ones before it). `embed_tokens` embeds the ids
+    where the step cannot look them up itself (w.embed None or not in a format it reads). k_cache / v_cache: the
+    float32 contiguous pool."""
     kernel = matmul_kernel(w, input_ids.numel())
     plan = _plan(w) if kernel is not None else None
     if plan is None:
@@ -220,6 +223,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     x = (torch.empty(ids.numel(), w.hidden) if plan.embed is not None
          else embed_tokens(input_ids).float().contiguous().clone())
+    team, started = cpu_threads.step_team(ids.numel()), time.perf_counter()
     rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
                                  ctypes.byref(plan.embed) if plan.embed is not None else None,
                                  ctypes.addressof(plan.layers), None if packed is None else ctypes.addressof(packed),
@@ -227,7 +231,8 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
                                  w.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  k_cache.data_ptr(), v_cache.data_ptr(), num_slots, slots.data_ptr(),
                                  tables.data_ptr(), tables.shape[1], lens.data_ptr(), block_size,
-                                 cpu_threads.team_size())
+                                 team, int(rows_share))
+    cpu_threads.record(team, ids.numel(), time.perf_counter() - started)
     if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
     if rc == -6:    # NaN or inf reached an int16 matmul's input: the layers' float fallback propagates it

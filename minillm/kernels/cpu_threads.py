@@ -1,15 +1,14 @@
-"""How many threads the C kernels' team should use now: torch's thread count, or one while other processes keep
-the machine's cores heavily oversubscribed.
+"""How many threads the C kernels' team uses: torch's thread count, or one thread while the team measures slower.
 
 A fused decode step meets at ~150 barriers (kernels/csrc/decode_step.c), one every 30-100 us. The barrier spins
-briefly and then yields, which carries a moderately busy machine well: the scheduler shares the cores per thread,
-so two team threads beside a few busy processes still get more CPU than one would (SmolLM2 int4, 2 cores, busy
-Python loops beside it: 7.6 ms/token with two threads vs 9.9 with one beside 1 loop; about even beside 4). With
-many more runnable threads than cores, though, time slices shrink and a barrier keeps waiting on a partner the
-scheduler has not run: beside 8 loops two threads took 0.7-1.1 s a token, one thread 48 ms. So the team drops to
-one thread while other processes' runnable threads are at least OVERSUBSCRIBED times the cores, sampled from the
-kernel's runnable count every SAMPLE_EVERY_S (~50 us a sample: under 0.1 % of the time) and smoothed over the last
-SAMPLES samples so a short burst elsewhere does not shrink the team.
+briefly and then yields, and on a quiet machine a team of two is ~1.6x faster than one thread. On a busy machine
+the scheduler runs each team thread for a time slice and then something else, and every barrier then waits for a
+partner that is not running: beside other work the same step took 40-120 ms instead of 4 (SmolLM2 int4, 2
+cores, another session's tests and notebooks running), while one thread, with no partner to wait for, took 5-15.
+Which kind of load collapses a team (how many other threads, whether they spin too) is hard to read from /proc, so
+the choice is measured: the fused step times itself (`record`), each team size keeps its recent step times per
+number of rows, and the faster one runs. The other size is tried again on one step every PROBE_EVERY_S, so a
+machine that quiets down gets its team back within about a second (and a quiet one pays one slower step then).
 
 Results do not depend on the team's size: every output element is computed by the same code whichever thread
 runs it (tests/test_decode_step.py checks bit equality across thread counts).
@@ -17,7 +16,6 @@ runs it (tests/test_decode_step.py checks bit equality across thread counts).
 from __future__ import annotations
 
 import collections
-import os
 import statistics
 import time
 
@@ -25,60 +23,59 @@ import torch
 
 from minillm import config
 
-SAMPLE_EVERY_S = 0.05
-SAMPLES = 5                       # the median of the last SAMPLES samples: ~0.25 s of history
-OVERSUBSCRIBED = 2                # other runnable threads per core from which one thread is faster than a team
+PROBE_EVERY_S = 1.0          # the size not in use runs one step this often
+SAMPLES = 5                  # a size's time at a number of rows: the median of its last SAMPLES steps
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+class TeamChoice:
+    """Recent step times per (team size, rows) and the size to use next."""
 
-
-def runnable_elsewhere() -> int | None:
-    """Threads of other processes that are running or waiting for a core right now (None where /proc cannot say):
-    the kernel's runnable count (/proc/loadavg's fourth field, R/T) less this process's own runnable threads."""
-    try:
-        with open("/proc/loadavg") as f:
-            total = int(f.read().split()[3].split("/")[0])
-        own = 0
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/stat") as f:
-                    own += f.read().rpartition(")")[2].split()[0] == "R"
-            except OSError:             # the thread ended while we looked
-                pass
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0, total - own)
-
-
-class _Team:
     def __init__(self) -> None:
-        self.cores = _cores()
-        self.samples: collections.deque[int] = collections.deque(maxlen=SAMPLES)
-        self.sampled_at = -1.0
+        self.times: dict[tuple[int, int], collections.deque[float]] = {}
+        self.last_probe = time.monotonic()
 
-    def size(self, wanted: int) -> int:
-        now = time.monotonic()
-        if now - self.sampled_at >= SAMPLE_EVERY_S:
-            self.sampled_at = now
-            busy = runnable_elsewhere()
-            if busy is not None:
-                self.samples.append(busy)
-        if self.samples and statistics.median(self.samples) >= OVERSUBSCRIBED * self.cores:
+    def size(self, wanted: int, rows: int) -> int:
+        """The team for the next step of `rows` rows: `wanted` or 1, whichever measured faster (wanted until both
+        are known); now and then the other one, to keep both measurements current."""
+        if wanted == 1:
             return 1
-        return wanted
+        many, one = self._median(wanted, rows), self._median(1, rows)
+        best = wanted if many is None or one is None or many <= one else 1
+        if one is None and many is not None or time.monotonic() - self.last_probe >= PROBE_EVERY_S:
+            self.last_probe = time.monotonic()
+            return 1 if best == wanted else wanted
+        return best
+
+    def record(self, team: int, rows: int, seconds: float) -> None:
+        self.times.setdefault((team, rows), collections.deque(maxlen=SAMPLES)).append(seconds)
+
+    def _median(self, team: int, rows: int) -> float | None:
+        samples = self.times.get((team, rows))
+        return statistics.median(samples) if samples else None
 
 
-_team = _Team()
+_choice = TeamChoice()
+_current = 0                 # the size the last fused step chose (0: none yet): the other C kernels follow it
+
+
+def adaptive() -> bool:
+    return config.kernels().kernel_threads == "adaptive"
+
+
+def step_team(rows: int) -> int:
+    """The team for a fused decode step of `rows` rows (report its time with `record`)."""
+    global _current
+    wanted = torch.get_num_threads()
+    _current = _choice.size(wanted, rows) if adaptive() else wanted
+    return _current
+
+
+def record(team: int, rows: int, seconds: float) -> None:
+    _choice.record(team, rows, seconds)
 
 
 def team_size() -> int:
-    """The thread count to hand the next C kernel call (torch's, or fewer on a busy machine)."""
+    """The team for a C kernel outside the fused step: torch's thread count, or one while the fused step found one
+    thread faster."""
     wanted = torch.get_num_threads()
-    if wanted == 1 or config.kernels().kernel_threads == "fixed":
-        return wanted
-    return _team.size(wanted)
+    return min(wanted, _current) if _current and adaptive() else wanted

@@ -155,14 +155,18 @@ def build_runner(model: LlamaModel, config: EngineConfig, num_blocks: int, comm:
                        micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, driver=driver)
 
 
+FUSED_MAX_QUERY = 9      # tokens of one sequence a fused step takes: a decode, or a verification of up to 8 guesses
+
+
 def fused_decode(model: LlamaModel, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
                  ) -> torch.Tensor | None:
-    """The step's final hidden states from one C call (kernels/cpu_decode.py) where the batch (every row one decode
-    token), the backend (minillm's C CPU backend, no learner's attend function), the pool (float32, contiguous, on
-    the CPU) and the model (LlamaModel.decode_step_weights) allow it; else None: run the layers. Fills ctx.cos /
+    """The step's final hidden states from one C call (kernels/cpu_decode.py) where the batch (decode tokens, and
+    sequences verifying up to FUSED_MAX_QUERY - 1 guesses: each of their tokens a row attending over the ones
+    before it), the backend (minillm's C CPU backend, no learner's attend function), the pool (float32, contiguous,
+    on the CPU) and the model (LlamaModel.decode_step_weights) allow it; else None: run the layers. Fills ctx.cos /
     ctx.sin as the layers would."""
     cache, meta = ctx.cache, ctx.meta
-    if not (input_ids.numel() and input_ids.device.type == "cpu" and all(q == 1 for q in meta.query_lens)
+    if not (input_ids.numel() and input_ids.device.type == "cpu" and max(meta.query_lens) <= FUSED_MAX_QUERY
             and type(ctx.backend) is CpuAttentionBackend and ctx.backend.attend_fn is None
             and cache.k.dtype == torch.float32 and cache.v.dtype == torch.float32 and cache.k.device.type == "cpu"
             and cache.k.is_contiguous() and cache.v.is_contiguous() and isinstance(model, LlamaModel)):
@@ -171,8 +175,20 @@ def fused_decode(model: LlamaModel, input_ids: torch.Tensor, positions: torch.Te
     if weights is None or cache.k.shape[0] != len(weights.layers):
         return None
     ctx.cos, ctx.sin = model.rotary.cos_sin(positions, meta.query_lens, meta.seq_lens)
-    return cpu_decode.run(weights, model.embed_tokens, input_ids, ctx.cos, ctx.sin, cache.k, cache.v, meta.seq_lens,
-                          meta.block_tables, meta.slot_mapping, meta.block_size, model.cfg.vocab_size)
+    seq_lens, tables = token_rows(meta)
+    return cpu_decode.run(weights, model.embed_tokens, input_ids, ctx.cos, ctx.sin, cache.k, cache.v, seq_lens,
+                          tables, meta.slot_mapping, meta.block_size, model.cfg.vocab_size,
+                          rows_share=len(seq_lens) > len(meta.query_lens))
+
+
+def token_rows(meta) -> tuple[list[int], torch.Tensor]:
+    """Per token of the step: how many positions it attends over (its own and those before it) and its
+    sequence's block table. A sequence of q new tokens and seq_len s gives rows s - q + 1, ..., s."""
+    if all(q == 1 for q in meta.query_lens):
+        return meta.seq_lens, meta.block_tables
+    lens = [s - q + j + 1 for q, s in zip(meta.query_lens, meta.seq_lens) for j in range(q)]
+    counts = torch.tensor(meta.query_lens, device=meta.block_tables.device)
+    return lens, meta.block_tables.repeat_interleave(counts, dim=0)
 
 
 def micro_batches(inputs: StepInputs, n: int):

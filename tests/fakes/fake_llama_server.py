@@ -15,6 +15,7 @@ for flag in ("-m", "-t", "-tb", "-np", "-c", "--host", "--port"):
     parser.add_argument(flag)
 parser.add_argument("-cb", action="store_true")
 parser.add_argument("--no-webui", action="store_true")
+parser.add_argument("--no-cache-prompt", action="store_true")
 args = parser.parse_args()
 with open(os.environ["FAKE_LLAMA_LOG"], "w") as f:
     json.dump(vars(args), f)

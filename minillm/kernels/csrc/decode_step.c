@@ -183,31 +183,48 @@ typedef struct {
     int64_t ldq, ldg, lde;               /* row strides of big holding qkv, big holding gate|up, out */
     int16_t *p16;                        /* int16 mode: the activation codes [Mp, kmax] all threads share ... */
     float *sx16;                         /* ... and their scales per 64 inputs (rows past M stay 0) */
-    atomic_long next_task;
+    int rows_share;                      /* rows of one sequence (a verification's k + 1): store all, then attend */
+    atomic_long next_task, next_attend;
     atomic_int bad;                      /* int16 mode: an activation was NaN or inf */
     spin_barrier bar;
 } step_ctx;
 
-/* This layer's attention, tasks (sequence s, kv head h) from a shared counter (sequence lengths vary several-fold
-   within a step): rotate s's query heads of kv head h and its key head h, store k and v, attend. Thread 0 resets
-   the counter as each layer starts: every thread has left the previous layer's attention (barriers followed it),
-   and none reaches this one before the barrier that ends the qkv matmul. */
-static void attention(step_ctx *c, int64_t l) {
-    const int64_t H = c->H, KV = c->KV, D = c->D, G = c->G;
+/* Row s's part of task (s, kv head h) before attending: rotate its query heads of kv head h and its key head h,
+   store k and v in the pool. */
+static void rotate_store(step_ctx *c, float *kl, float *vl, int64_t task) {
+    const int64_t H = c->H, KV = c->KV, D = c->D, G = c->G, s = task / KV, h = task % KV;
+    float *row = c->big + s * c->ldq;
+    const float *cs = c->cos + s * D, *sn = c->sin + s * D;
+    for (int64_t g = 0; g < G; g++) rotate(row + (h * G + g) * D, cs, sn, D);
+    rotate(row + (H + h) * D, cs, sn, D);
+    const int64_t at = (h * c->num_slots + c->slot_mapping[s]) * D;
+    memcpy(kl + at, row + (H + h) * D, sizeof(float) * (size_t)D);
+    memcpy(vl + at, row + (H + KV + h) * D, sizeof(float) * (size_t)D);
+}
+
+/* This layer's attention, tasks (row s, kv head h) from a shared counter (sequence lengths vary several-fold
+   within a step). Each row is one sequence's decode token: a task rotates and stores its row's q/k/v heads and
+   attends at once. When rows share a sequence (a verification step's k + 1 tokens: row j attends over the
+   sequence's context and the rows before it, each its own seq_len), a row reads keys other tasks store: every
+   task stores first, a barrier, then every task attends. Thread 0 resets the counters as each layer starts:
+   every thread has left the previous layer's attention (barriers followed it), and none reaches this one before
+   the barrier that ends the qkv matmul. */
+static void attention(step_ctx *c, int64_t l, int *sense) {
+    const int64_t KV = c->KV, D = c->D, tasks = c->M * KV;
     float *kl = c->k_pool + l * c->layer_floats, *vl = c->v_pool + l * c->layer_floats;
-    for (int64_t task = atomic_fetch_add(&c->next_task, 1); task < c->M * KV;
-         task = atomic_fetch_add(&c->next_task, 1)) {
-        const int64_t s = task / KV, h = task % KV;
-        float *row = c->big + s * c->ldq;
-        const float *cs = c->cos + s * D, *sn = c->sin + s * D;
-        for (int64_t g = 0; g < G; g++) rotate(row + (h * G + g) * D, cs, sn, D);
-        rotate(row + (H + h) * D, cs, sn, D);
-        const int64_t at = (h * c->num_slots + c->slot_mapping[s]) * D;
-        memcpy(kl + at, row + (H + h) * D, sizeof(float) * (size_t)D);
-        memcpy(vl + at, row + (H + KV + h) * D, sizeof(float) * (size_t)D);
-        minillm_paged_decode_task(c->big, c->ldq, D, c->rows, kl, vl, c->block_tables, c->seq_lens, H, KV, D,
-                                  c->num_slots, c->max_blocks, c->block_size, c->scale, c->mid, H * D, D, task);
+    for (int64_t task = atomic_fetch_add(&c->next_task, 1); task < tasks; task = atomic_fetch_add(&c->next_task, 1)) {
+        rotate_store(c, kl, vl, task);
+        if (!c->rows_share)
+            minillm_paged_decode_task(c->big, c->ldq, D, c->rows, kl, vl, c->block_tables, c->seq_lens, c->H, KV,
+                                      D, c->num_slots, c->max_blocks, c->block_size, c->scale, c->mid, c->H * D, D,
+                                      task);
     }
+    if (!c->rows_share) return;
+    barrier(&c->bar, sense);
+    for (int64_t task = atomic_fetch_add(&c->next_attend, 1); task < tasks;
+         task = atomic_fetch_add(&c->next_attend, 1))
+        minillm_paged_decode_task(c->big, c->ldq, D, c->rows, kl, vl, c->block_tables, c->seq_lens, c->H, KV, D,
+                                  c->num_slots, c->max_blocks, c->block_size, c->scale, c->mid, c->H * D, D, task);
 }
 
 static void add_rows(float *x, const float *y, int64_t M, int64_t E, int64_t ldy) {
@@ -224,7 +241,7 @@ static void layer_qgemm(step_ctx *c, int64_t l, scratch *sc, int t, int nt, int 
     quantize_in(&ly->qkv, sc->hn, M, sc);
     rows_part(&ly->qkv, M, sc, c->big, t, nt);
     barrier(&c->bar, sense);
-    attention(c, l);
+    attention(c, l, sense);
     barrier(&c->bar, sense);
     quantize_in(&ly->o, c->mid, M, sc);
     rows_part(&ly->o, M, sc, c->out, t, nt);
@@ -301,7 +318,7 @@ static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, i
     if (quantize16(c, l, row_input_norm, E, sc, tmp, r0, r1, sense)) return 1;
     gemm16(c, &pk->qkv, E, c->big, c->ldq, t, nt);
     barrier(&c->bar, sense);
-    attention(c, l);
+    attention(c, l, sense);
     barrier(&c->bar, sense);
     if (quantize16(c, l, row_attn_out, c->H * c->D, sc, tmp, r0, r1, sense)) return 1;
     gemm16(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
@@ -319,8 +336,9 @@ static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, i
 
 /* x: [M, hidden] out: the final-normed hidden states (and, when `embed` is NULL, in: the embedded tokens; else the
    step looks ids[m] up in the quantized embedding itself). cos/sin: [M, head_dim]. k_pool/v_pool: this step's
-   layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is sequence m: its new K/V go to slot_mapping[m], it
-   attends over seq_lens[m] positions through block_tables[m]. `packed` (one per layer, or NULL): run the matmuls
+   layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is one token: its new K/V go to slot_mapping[m], it
+   attends over seq_lens[m] positions through block_tables[m]; rows_share: some rows are tokens of one sequence
+   (each with its own seq_len: causal), so all are stored before any attends. `packed` (one per layer, or NULL): run the matmuls
    on int16_gemm.c's packed copies (batched rows) instead of qgemm.c's row kernel. Returns 0; -1 when scratch
    memory cannot be allocated; check_rows' codes for rows outside the pool (nothing is written then); -6 in int16
    mode when an activation is NaN or inf (the pool slots of this step's rows may have been written: the caller
@@ -329,7 +347,7 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                         const mll_layer16 *packed, int64_t L, const mll_dims *dims, const float *final_norm,
                         const float *cos, const float *sin, float *k_pool, float *v_pool, int64_t num_slots,
                         const int64_t *slot_mapping, const int64_t *block_tables, int64_t max_blocks,
-                        const int64_t *seq_lens, int64_t block_size, int nthreads) {
+                        const int64_t *seq_lens, int64_t block_size, int nthreads, int rows_share) {
     const int bad = check_rows(M, embed ? ids : NULL, embed ? embed->n : 0, num_slots, slot_mapping, block_tables,
                                max_blocks, seq_lens, block_size);
     if (bad) return bad;
@@ -362,7 +380,9 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                   .packed = packed, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
                   .slot_mapping = slot_mapping, .block_tables = block_tables, .seq_lens = seq_lens, .rows = rows,
                   .big = big, .mid = mid, .out = out, .ldq = ldq, .ldg = ldg, .lde = lde, .p16 = p16, .sx16 = sx16};
+    c.rows_share = rows_share;
     atomic_init(&c.next_task, 0);
+    atomic_init(&c.next_attend, 0);
     atomic_init(&c.bad, 0);
     atomic_init(&c.bar.arrived, 0);
     atomic_init(&c.bar.sense, 0);
@@ -390,7 +410,10 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
 
         int stopped = 0;
         for (int64_t l = 0; l < L && !stopped; l++) {
-            if (t == 0) atomic_store(&c.next_task, 0);      /* see attention() */
+            if (t == 0) {                                    /* see attention() */
+                atomic_store(&c.next_task, 0);
+                atomic_store(&c.next_attend, 0);
+            }
             if (i16)
                 stopped = layer_int16(&c, l, &sc, tmp, t, nt, &sense);
             else
