@@ -86,6 +86,7 @@ def test_every_command_has_help(command, capsys):
     (["bench", "prefix", "--repeat", "0"], "--repeat must be at least 1"),
     (["bench", "parallel", "--steps", "0"], "--steps must be at least 1"),
     (["bench", "decode", "--background-load", "-1"], "--background-load must be at least 0, got -1"),
+    (["bench", "decode", "--background-load", "100000"], "--background-load takes at most 64 busy processes"),
     (["bench", "throughput", "--background-load", "2"], "--background-load does not apply to bench throughput"),
     (["generate", "hi", "--kernel-threads", "some"], "kernel_threads='some'"),
 ])

@@ -636,6 +636,8 @@ def flag_values(action: argparse.Action):
         one = st.sampled_from(["TINY", "TINY", "no/such/dir", "", "default.gguf"])
     if action.dest == "threads":
         one = st.sampled_from(["1", "0", "-1", "100000", "x"])
+    if action.dest == "background_load":                          # each busy process spins a core for the run
+        one = st.sampled_from(["0", "1", "-1", "x", "99999999999999999999"])
     if action.dest in ("tensor_parallel_size", "pipeline_parallel_size"):   # no size that would start processes
         one = st.sampled_from(["1", "0", "-1", "3", "x", "99999999999999999999"])
     count = {None: st.just(1), "?": st.integers(0, 1), "+": st.integers(1, 3), "*": st.integers(0, 2)}.get(

@@ -437,6 +437,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{FLAGS[dest].names[0]} takes MIN MAX with 0 < MIN <= MAX, got {lo} {hi}")
     for layout in getattr(args, "layouts", None) or ():
         parse_layout(layout)
+    if (getattr(args, "background_load", None) or 0) > MAX_BACKGROUND_LOAD:
+        raise ValueError(f"--background-load takes at most {MAX_BACKGROUND_LOAD} busy processes, got "
+                         f"{args.background_load}")
     for flag in ("llama_bench", "llama_server"):
         if getattr(args, flag, None):
             check_llama_bench(getattr(args, flag), args.model, FLAGS[flag].names[0])
@@ -516,6 +519,7 @@ def _engine_flag(dest: str) -> str:
     return spec.get(dest) or "--" + dest.replace("_", "-")
 
 
+MAX_BACKGROUND_LOAD = 64                        # busy processes bench decode may start beside itself
 ZERO_OK = ("seed", "background_load")           # integer flags for which 0 means something (none, the first seed)
 
 
