@@ -74,8 +74,9 @@ def timed_round(binary: str, gguf: str | Path, threads: int, slots: int, slot_le
     """One round on a server started for it (and warmed up): a server kept for a second round of 64 requests at
     once answered 27 of them and then nothing (the llama.cpp of llama-cpp-python 0.3.36, prompt cache on or off)."""
     with running(binary, gguf, threads, slots, slot_len) as url:
-        warm_up(url, workload)
-        return run(url, workload)
+        model = serving.check_server(url, None)
+        warm_up(url, model, workload)
+        return run(url, model, workload)
 
 
 def prompts_of(workload: list[Request]) -> list[serving.Prompt]:
@@ -83,11 +84,11 @@ def prompts_of(workload: list[Request]) -> list[serving.Prompt]:
             for r in workload]
 
 
-def run(url: str, workload: list[Request]) -> EngineRun:
+def run(url: str, model: str, workload: list[Request]) -> EngineRun:
     """The workload through the server, all sent at t0; refuses a run in which any request failed or stopped
     short of its length (a server that ignored ignore_eos would look faster than it is)."""
     prompts = prompts_of(workload)
-    traces, elapsed = serving.run_workload(url, serving.check_server(url, None), prompts)
+    traces, elapsed = serving.run_workload(url, model, prompts)
     short = [(i, t.output_tokens, p.max_tokens) for i, (t, p) in enumerate(zip(traces, prompts))
              if not t.ok or t.output_tokens != p.max_tokens]
     if short:
@@ -103,8 +104,8 @@ def run(url: str, workload: list[Request]) -> EngineRun:
     return run
 
 
-def warm_up(url: str, workload: list[Request]) -> None:
+def warm_up(url: str, model: str, workload: list[Request]) -> None:
     """Two short requests, so the first timed one does not pay for first-touch allocations."""
     short = [Request(r.prompt_token_ids[:16], 4) for r in workload[:2]]
-    serving.run_workload(url, serving.check_server(url, None), prompts_of(short))
+    serving.run_workload(url, model, prompts_of(short))
 
