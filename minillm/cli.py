@@ -1,4 +1,4 @@
-"""minillm command line: generate | chat | bench | demo | quiz (| grade, added by the course)."""
+"""minillm command line: generate | chat | bench | serve | demo | fleet | quiz (| grade, added by the course)."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from minillm.bench.registry import add_bench_parser, check_args as check_bench_a
 from minillm.bench.registry import check_counts as check_bench_counts
 from minillm.cli_args import add_engine_args, add_serve_args, engine_config, progress_line, serve_config, status
 from minillm.engine.prompt import build_prompt_ids
+from minillm.fleet.cli import add_fleet_parser, check_args as check_fleet_args
 from minillm.grading.cli import add_grade_parser
 from minillm.loading.errors import ModelLoadError
 from minillm.quiz.cli import add_quiz_parser
@@ -338,6 +339,11 @@ def cmd_serve(args) -> int:
                                        log=lambda text: print(text, file=sys.stderr, flush=True))
 
 
+def cmd_fleet(args) -> int:
+    check_fleet_args(args)                # every fleet flag checked before torch or numpy work starts
+    return _load("fleet.run").run(args)   # the fleet's runners (minillm/fleet/run.py)
+
+
 def cmd_demo(args) -> int:
     return _load("bench.demo").run_demo(args)
 
@@ -386,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(d)
     d.set_defaults(func=cmd_demo)
 
+    add_fleet_parser(sub).set_defaults(func=cmd_fleet)
     add_grade_parser(sub)
     add_quiz_parser(sub)
     return ap

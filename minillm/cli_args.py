@@ -14,6 +14,9 @@ from minillm.config import METHODS, EngineConfig, ServeConfig, SpeculativeConfig
 
 _HELP = {
     "dtype": "weight and activation dtype: float32 or bfloat16 (bfloat16 is faster for prefill on AMX CPUs)",
+    "device": "where the engine runs: auto (cuda when torch sees a GPU, else cpu) | cpu | cuda | cuda:N | meta (a "
+              "dry run that only places tensors)",
+    "enforce_eager": "CUDA: run decode steps eagerly instead of replaying CUDA graphs (no effect on a CPU)",
     "quantization": "weight format: auto (keep the checkpoint's: the default GGUF runs int4) | none (dequantize to "
                     "--dtype) | int8 (per output channel) | int4 (groups of --quantization-group-size) | w8a8 (int8 "
                     "weights per channel and int8 activations per token)",

@@ -245,6 +245,11 @@ def torchrun_rank() -> int | None:
     return None
 
 
+def torchrun_local_rank() -> int:
+    """This process's rank on its own machine under torchrun (LOCAL_RANK; 0 when unset): its GPU on CUDA."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def triton_interpret() -> bool:
     """TRITON_INTERPRET=1: Triton kernels run in its interpreter on the CPU (triton reads it when a kernel is
     decorated, so it is set before the kernel modules are imported)."""
@@ -421,9 +426,33 @@ def int_or_auto(text: str) -> int | str:
     return "auto" if text.strip().lower() == "auto" else int(text)
 
 
+DEVICE_KINDS = ("auto", "cpu", "cuda", "cuda:N", "meta")
+
+
+def check_device(device: Any) -> None:
+    """Raise ValueError for a device setting that is not one of DEVICE_KINDS (checked without importing torch)."""
+    ok = isinstance(device, str) and (device in ("auto", "cpu", "cuda", "meta") or (
+        device.startswith("cuda:") and device[5:].isdigit() and device[5:] == str(int(device[5:]))))
+    if not ok:
+        env = " (the environment's MINILLM_DEVICE)" if device == _env("MINILLM_DEVICE", "") != "" else ""
+        raise ValueError(f"unknown device {device!r}{env}: use one of {', '.join(DEVICE_KINDS)} (auto: cuda when a GPU "
+                         "is available, else cpu; N a GPU index; meta: a dry run that places tensors without data)")
+
+
+def default_device() -> str:
+    """EngineConfig.device's default: MINILLM_DEVICE, else auto (tests/conftest.py sets cpu: the suite runs on the CPU
+    even where there is a GPU, and tests/test_cuda_engine.py asks for CUDA itself)."""
+    return _env("MINILLM_DEVICE", "auto")
+
+
 @dataclass
 class EngineConfig:
     dtype: str = "float32"              # what LLM and the CLI load the weights in
+    # where the weights, the KV pool and every step's tensors live: auto (cuda when torch sees a GPU, else cpu) |
+    # cpu | cuda | cuda:N | meta (placement only: a dry run, nothing computes)
+    device: str = field(default_factory=default_device)
+    # CUDA only: run every step eagerly (no CUDA graphs for decode steps); ignored on a CPU
+    enforce_eager: bool = False
     # auto: keep a quantized checkpoint's format (the default GGUF runs int4) | none | int8 | int4 | w8a8
     # (quant/policy.py)
     quantization: str = "auto"
@@ -477,6 +506,8 @@ class EngineConfig:
         if self.max_model_len is not None:
             positive("max_model_len", self.max_model_len)
         flag("enable_prefix_caching", c.enable_prefix_caching)
+        flag("enforce_eager", self.enforce_eager)
+        check_device(self.device)
         flag("enable_chunked_prefill", s.enable_chunked_prefill)
         try:
             if isinstance(c.kv_cache_memory, bool) or not isinstance(c.kv_cache_memory, (int, float, str)):

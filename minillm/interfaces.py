@@ -35,8 +35,9 @@ Protocol plugs in the same way and the engine never looks past the Protocol's na
     Quantizer             quant.formats.quantize                           LlamaModel.quantize_(quantizer=)   lab08
     StepDriver            executor.workers.Workers                         LLMEngine(workers=...)
     StepObserver          (anything callable)                              engine.add_step_observer(fn)
+    Router                fleet.routers.{RoundRobin,LeastTokens,PrefixAware}  fleet.simulator.simulate(router=) lab12
 
-Later labs add the router here. (A test checks that this table names every Protocol below.)
+(A test checks that this table names every Protocol below.)
 
 This module imports nothing from minillm: every other module may import it.
 """
@@ -353,6 +354,15 @@ class StepDriver(Protocol):
 class StepObserver(Protocol):
     def __call__(self, info: Any) -> None:
         """Called at the end of every engine step with its StepInfo."""
+
+
+@runtime_checkable
+class Router(Protocol):
+    """lab12: which replica of a fleet takes a new request. `request` is a fleet.workloads.SimRequest (its `prompt`
+    token ids, `output_len`, ...); each of `replicas` shows `outstanding_tokens` and `num_requests`. Returns an index
+    into `replicas`. Plugged with fleet.simulator.simulate(router=)."""
+
+    def route(self, request: Any, replicas: Sequence[Any]) -> int: ...
 
 
 def missing_members(obj: Any, protocol: type) -> list[str]:

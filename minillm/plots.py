@@ -718,3 +718,44 @@ def latency_throughput(runs: Mapping[str, Sequence[Mapping[str, float]]], show: 
         ax.legend()
     fig.suptitle("latency vs throughput, one point per request rate (red circle: the knee)")
     return _done(fig, show)
+
+
+# ---------------------------------------------------------------- lab12: fleet
+
+def latency_cdfs(runs: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+                 show: bool = True) -> Figure | None:
+    """lab12 / fleet simulate: the TTFT and TPOT distributions (CDFs) of each router. runs: label -> {"ttft":
+    (seconds, fraction), "tpot": (seconds, fraction)}, as LatencyStats.cdf() gives them."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, cdfs in runs.items():
+        for ax, metric in zip(axes, ("ttft", "tpot")):
+            x, y = cdfs[metric]
+            ax.plot(1000 * _np(x), _np(y), label=label, drawstyle="steps-post")
+    for ax, title in zip(axes, ("time to first token", "time per output token")):
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (log scale)")
+        ax.set_ylabel("fraction of requests")
+        ax.axhline(0.99, color="gray", ls=":", lw=1)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("latency distributions by router (dotted: p99)")
+    return _done(fig, show)
+
+
+def replica_timeline(runs: Mapping[str, Sequence[tuple[float, int, int]]], show: bool = True) -> Figure | None:
+    """fleet simulate --autoscale / failures: replicas taking requests (solid) and replicas billed (dashed: starting,
+    draining or down count too) over simulated time, per run. runs: label -> [(t, routable, billed), ...] at each
+    change, as FleetResult.timeline gives them."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for label, tl in runs.items():
+        t = [x[0] for x in tl]
+        line, = ax.plot(t, [x[1] for x in tl], drawstyle="steps-post", label=f"{label}: routable")
+        ax.plot(t, [x[2] for x in tl], drawstyle="steps-post", ls="--", color=line.get_color(),
+                label=f"{label}: billed")
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("replicas")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("fleet size over time (the gap between the lines: cold starts, drains, repairs)")
+    return _done(fig, show)

@@ -3,6 +3,9 @@ import os
 
 # Kernels read TRITON_INTERPRET when they are decorated: set it before anything imports them.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engines run on the CPU unless a test asks for a device (device="auto" would pick a GPU where there is one):
+# the suite holds the CPU engine; tests/test_cuda_engine.py holds the CUDA one.
+os.environ.setdefault("MINILLM_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

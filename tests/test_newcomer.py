@@ -98,6 +98,9 @@ def test_version():
     (["generate", "hi", "--dtype", "int8"], "dtype"),
     (["generate", "hi", "--quantization", "banana"], "quantization"),
     (["generate", "hi", "--attention-backend", "banana"], "attention backend"),
+    (["generate", "hi", "--device", "gpu"], "unknown device 'gpu': use one of auto, cpu, cuda, cuda:N, meta"),
+    (["bench", "decode", "--device", "cuda:x"], "unknown device 'cuda:x'"),
+    (["bench", "throughput", "--device", "tpu"], "unknown device 'tpu'"),
     (["generate", "", "--no-chat"], "prompt is empty"),
     (["generate", "hi", "--no-chat", "--system", "x"], "--system needs chat mode"),
     (["generate", "hi", "--regex", "(a|b)*a(a|b){14}"], "automaton states"),      # a state blowup, compiled first

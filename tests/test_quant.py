@@ -2,6 +2,8 @@
 and models that run quantized."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from gguf import quants as gguf_quants
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minillm.kernels import cpu_qgemm
+from minillm.kernels import cpu_qgemm, cpu_threads
 from minillm.quant.formats import (QuantizedWeight, QuantSpec, pack_int4, quantize, quantize_activations,
                                    unpack_int4)
 from minillm.quant.gguf import from_blocks, to_blocks
@@ -117,6 +119,132 @@ def test_kernel_equals_dequantize_then_matmul(variant, n, k_blocks, m, group_blo
         err = (y.float() - ref).abs() / scale.clamp_min(1e-6)
         bf16_product = bf16 or (batched and cpu_qgemm.batched_path() == "bf16")
         assert float(err.max()) < (1e-2 if bf16_product else KERNEL_RTOL)   # bf16 rounding: 2^-8 relative
+
+
+@given(n=st.integers(1, 40), k_blocks=st.integers(1, 10), m=st.integers(2, 20), group_blocks=st.sampled_from([1, 2]),
+       kind=st.sampled_from(["int8", "int4"]), threads=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=30, deadline=None, derandomize=True)
+@example(n=8, k_blocks=18, m=9, group_blocks=1, kind="int4", threads=2, seed=0)    # SmolLM2's 576: two row chunks
+def test_rows_together_equal_rows_one_at_a_time(n, k_blocks, m, group_blocks, kind, threads, seed):
+    """Several activation rows share each widened weight block (a verification's k + 1 rows, a small batch): every
+    output is the same float, bit for bit, as that row's product alone, at any team size. A kernel that sums a row's
+    blocks in another order (or mixes rows up) differs in the last bits."""
+    if cpu_qgemm.load("c") is None:
+        pytest.skip("no C compiler")
+    k = 32 * k_blocks * group_blocks
+    qw = quantize(_rand(n, k, seed), QuantSpec(kind, 32 * group_blocks))
+    x = _rand(m, k, seed + 1) * torch.rand(m, 1, generator=torch.Generator().manual_seed(seed)) * 4
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_threads, "team_size", lambda: threads)
+        together = cpu_qgemm.kernel(x, qw)
+        alone = torch.cat([cpu_qgemm.kernel(x[i:i + 1], qw) for i in range(m)])
+    assert torch.equal(together, alone), float((together - alone).abs().max())
+
+
+@given(m=st.integers(1, 40), n=st.integers(1, 60), blocks=st.integers(1, 10), group=st.sampled_from([32, 64, 128]),
+       kind=st.sampled_from(["int4", "int8", "int8-channel"]), threads=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=40, deadline=None, derandomize=True)
+@example(m=9, n=50, blocks=18, group=32, kind="int4", threads=2, seed=0)    # a verification's 9 rows: 4 + 4 + 1
+def test_tiles_equal_their_arithmetic_and_rows_one_at_a_time(m, n, blocks, group, kind, threads, seed):
+    """The tiles (many rows; any number of them: tiles of 4 and a rest of 1-3, N not a multiple of 24) equal their
+    integer arithmetic written out (simulate_tiles, the row kernel's activation codes) to float rounding, and each
+    row equals the row kernel's product of that row alone to float rounding (the same codes and sums, added in
+    another order): a batch decodes as its rows would one at a time."""
+    lib = cpu_qgemm.load("c")
+    if lib is None or not lib.minillm_qgemm_tiles_available():
+        pytest.skip("no C compiler or no AVX2")
+    spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, group)
+    k = group * -(-blocks // (group // 32))
+    qw = quantize(_rand(n, k, seed), spec)
+    x = _rand(m, k, seed + 1)
+    x[0, 0] = 300.0                          # a hidden-state outlier
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_threads, "team_size", lambda: threads)
+        y = cpu_qgemm.linear_tiles(x, cpu_qgemm.tiles_copy(qw), lib)
+        alone = torch.cat([cpu_qgemm.kernel(x[i:i + 1], qw, lib) for i in range(m)])
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    scale = x.abs().amax(1, keepdim=True).double() * qw.dequantize().double().abs().sum(1) + 1e-30
+    assert float(((y.double() - cpu_qgemm.simulate_tiles(x, qw)).abs() / scale).max()) < 1e-6
+    assert float(((y.double() - alone.double()).abs() / scale).max()) < 1e-6
+
+
+@given(rows=st.integers(1, 6), blocks=st.integers(1, 8), seed=st.integers(0, 2**31 - 1),
+       kind=st.sampled_from(["normal", "ties", "outlier", "zeros", "tiny"]))
+@settings(max_examples=40, deadline=None, derandomize=True)
+def test_the_vectorized_activation_quantizer_gives_the_scalar_loops_codes(rows, blocks, seed, kind):
+    """qgemm.c quantizes activations 8 lanes at a time where AVX2 is built and with a scalar loop elsewhere (the
+    scalar variant): codes, scales and scaled sums are bit for bit the same, ties at .5 (half to even), a block with
+    one huge value, all-zero blocks and subnormal values included."""
+    c, scalar = cpu_qgemm.load("c"), cpu_qgemm.load("scalar")
+    if c is None or scalar is None:
+        pytest.skip("no C compiler")
+    k = 32 * blocks
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    if kind == "ties":                       # values whose code lands exactly on .5
+        x = (torch.randint(-200, 200, (rows, k), generator=g).float() + 0.5) / 256
+        x[:, ::32] = 32767 / 256             # the block maximum that makes the step exactly 1/256
+    elif kind == "outlier":
+        x[:, 5] *= 2000
+    elif kind == "zeros":
+        x[:, :32] = 0.0
+    elif kind == "tiny":
+        x *= 1e-39
+    outs = []
+    for lib in (c, scalar):
+        aq, ad = torch.empty(rows, k, dtype=torch.int16), torch.empty(rows, blocks)
+        as_, gs = torch.empty(rows, blocks), torch.empty(rows, blocks)
+        lib.minillm_qgemm_quantize(ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(rows), ctypes.c_int64(k),
+                                   ctypes.c_int64(k), ctypes.c_int64(32), ctypes.c_void_p(aq.data_ptr()),
+                                   ctypes.c_void_p(ad.data_ptr()), ctypes.c_void_p(as_.data_ptr()),
+                                   ctypes.c_void_p(gs.data_ptr()))
+        outs.append((aq, ad, as_))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+def test_sampled_rows_run_the_tiles_at_any_count():
+    """The LM head's rows are sampled rows (a verification of k + 1 tokens for many sequences may be hundreds): they
+    keep the decode arithmetic past TILES_MAX_ROWS, where a prefill's bulk switches to the batched path."""
+    lib = cpu_qgemm.load("c")
+    if lib is None or not lib.minillm_qgemm_tiles_available():
+        pytest.skip("no C compiler or no AVX2")
+    qw = quantize(_rand(40, 128, 8), QuantSpec("int8", 32))
+    x = _rand(cpu_qgemm.TILES_MAX_ROWS + 9, 128, 9)
+    alone = torch.cat([cpu_qgemm.kernel(x[i:i + 1], qw, lib) for i in range(x.shape[0])])
+    scale = x.abs().amax(1, keepdim=True) * qw.dequantize().abs().sum(1)
+    sampled = cpu_qgemm.qlinear(x, qw, sampled=True)
+    bulk = cpu_qgemm.qlinear(x, qw)
+    assert float(((sampled - alone).abs() / scale).max()) < 1e-6
+    assert float(((bulk - alone).abs() / scale).max()) > 1e-5       # the batched path rounds its own way
+
+
+def test_tiles_without_the_minimums_are_caught():
+    """int4's minimum term is what the check above could miss if it only compared the tiles with themselves: the
+    arithmetic without it is far from the row kernel's product."""
+    qw = quantize(_rand(30, 128, 4), QuantSpec("int4", 32))
+    x = _rand(5, 128, 5)
+    no_mins = QuantizedWeight("int4", qw.qweight, qw.scales, torch.zeros_like(qw.mins), 32)
+    scale = x.abs().amax(1, keepdim=True).double() * qw.dequantize().double().abs().sum(1)
+    if cpu_qgemm.load("c") is None:
+        pytest.skip("no C compiler")
+    alone = cpu_qgemm.kernel(x, qw).double()
+    assert float(((cpu_qgemm.simulate_tiles(x, no_mins) - alone).abs() / scale).max()) > 1e-3
+
+
+def test_tiles_hand_nan_and_inf_to_the_float_product_and_count_their_bytes():
+    lib = cpu_qgemm.load("c")
+    if lib is None or not lib.minillm_qgemm_tiles_available():
+        pytest.skip("no C compiler or no AVX2")
+    qw = quantize(_rand(48, 128, 6), QuantSpec("int4", 32))
+    x = _rand(5, 128, 7)
+    x[2, 3], x[4, 0] = float("nan"), float("inf")
+    assert cpu_qgemm.linear_tiles(x, cpu_qgemm.tiles_copy(qw), lib) is None
+    y = cpu_qgemm.qlinear(x, qw)                              # the layers' path: the float product propagates them
+    assert bool(y[2].isnan().all()) and bool(torch.isfinite(y[[0, 1, 3]]).all())
+    # the copy is the matrix's own bytes: codes at half a byte, an fp16 scale and minimum per group of 32
+    assert qw.cache["tiles"][1] == 48 * 128 // 2 + 2 * 48 * 4 * 2
 
 
 @pytest.mark.parametrize("spec", [QuantSpec("int4", 64), QuantSpec("int8"), QuantSpec("int8", 32)])

@@ -78,7 +78,7 @@ def test_every_entry_point_takes_its_defaults_from_engine_config():
 def test_engine_config_fields_have_one_default_each():
     # the sections are plain dataclasses whose defaults the engine reads; nothing else redefines them
     assert CacheConfig().kv_cache_memory == "2GiB" and SchedulerConfig().max_num_seqs == 64
-    assert set(setting_names()) == {"dtype", "quantization", "quantization_group_size", "max_model_len",
+    assert set(setting_names()) == {"dtype", "device", "enforce_eager", "quantization", "quantization_group_size", "max_model_len",
                                     "attention_backend", "block_size", "num_blocks",
                                     "kv_cache_memory", "enable_prefix_caching", "kv_cache_dtype", "max_num_seqs",
                                     "max_num_batched_tokens", "enable_chunked_prefill", "speculative_config",

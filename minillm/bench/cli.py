@@ -30,7 +30,7 @@ def load_with_status(args: argparse.Namespace, config: EngineConfig):
         torch.set_num_threads(args.threads)
     with status(f"loading {args.model} model"):
         return loader.load_model(args.model, config.dtype, quantization=config.quantization,
-                          group_size=config.quantization_group_size)
+                          group_size=config.quantization_group_size, device=config.device)
 
 
 def run(args) -> int:
@@ -227,9 +227,9 @@ def matmul_paths(quantization: str, model=None) -> str:
     path = cpu_qgemm.batched_path()
     copy = ("a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed
             else "the int16 GEMM on a packed copy" if path == "int16" else f"a {path} copy")
-    fused = " (decode steps: one fused C call either way)" if path == "int16" else ""
-    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows (one fused C call per decode step), {copy} "
-            f"from {cpu_qgemm.BATCHED_MIN_ROWS} rows{fused} (layers a float checkpoint left float: float GEMM)")
+    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows and its tiles up to "
+            f"{cpu_qgemm.TILES_MAX_ROWS} (decode steps: one fused C call at any batch), {copy} from "
+            f"{cpu_qgemm.TILES_MAX_ROWS + 1} rows (layers a float checkpoint left float: float GEMM)")
 
 
 def format_throughput(r: dict, plot: str | None) -> str:

@@ -42,6 +42,7 @@ class DecodeBench:
     prefill_s_repeats: dict[int, list[float]] = field(default_factory=dict)   # each prefill's timed repeats
     loaded_ms_rounds: list[float] = field(default_factory=list)   # --background-load: each round's ms/token under it
     background_load: int = 0
+    device: str = "cpu"           # where the engine ran (the bandwidth is that device's memory's)
 
     @property
     def slowdowns(self) -> list[float]:
@@ -49,15 +50,21 @@ class DecodeBench:
         return [loaded / quiet for quiet, loaded in zip(self.decode_ms_rounds, self.loaded_ms_rounds)]
 
 
-def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes moved per second by a large copy (read + write) — the ceiling a decode step streams weights at."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32).fill_(1.0)
+def measure_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Bytes moved per second by a large copy (read + write) on `device` (a GPU: its HBM) — the ceiling a decode step
+    streams weights at."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
+    cuda = src.device.type == "cuda"
     dst.copy_(src)  # warm up: fault the pages in
     best = float("inf")
     for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize(src.device)
         t = time.perf_counter()
         dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize(src.device)
         best = min(best, time.perf_counter() - t)
     return 2 * nbytes / best
 
@@ -160,7 +167,7 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
                         llama_bench[0], loads[0][0].path, llama_bench[1], decode_steps)["tg_tok_s"]
         if progress is not None:
             progress(r + 1, rounds)
-    bw = measure_bandwidth()
+    bw = measure_bandwidth(device=engines[0][2].device if engines else "cpu")
     for (loaded, config, engine, prefill, prefill_repeats), ms, fused, lms in zip(engines, rounds_ms, steps_fused,
                                                                                  loaded_ms):
         wbytes = loaded.model.weight_bytes()
@@ -174,7 +181,7 @@ def run_decode_benches(loads: list, prompt_lens=(128, 512), decode_steps: int = 
                                    bound_ms_per_token=bound_ms, ratio=best / bound_ms,
                                    decode_step="fused C" if fused else "layers", decode_ms_rounds=ms,
                                    prefill_s_repeats=prefill_repeats, loaded_ms_rounds=lms,
-                                   background_load=background))
+                                   background_load=background, device=str(engine.device)))
     peer = None
     if peer_rounds:
         peer = dict(peer_rounds[0])

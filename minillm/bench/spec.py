@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from minillm.bench.registry import SPEC_PROPOSERS, SPEC_TASKS
 from minillm.config import EngineConfig
+from minillm.distributed.device import module_device
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.prompt import build_prompt_ids
 from minillm.layers.attention import get_attention_backend
@@ -186,9 +187,12 @@ def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int | str
     if proposer == "layer_skip":
         spec = {"method": "layer_skip", "draft_layers": draft_layers, "num_speculative_tokens": k}
     engine = LLMEngine(loaded.model, loaded.tokenizer, config.replace(speculative_config=spec))
-    if proposer == "draft_model":       # the draft is loaded once for the whole bench and plugged in
+    if proposer == "draft_model":       # the draft is loaded once for the whole bench and plugged in (on the engine's device)
+        if module_device(draft) != engine.device:
+            draft.to(engine.device)
         engine.plug(proposer=ModelDraftProposer(draft, engine.kv_cache.num_blocks, config.cache.block_size,
-                                                get_attention_backend(config.attention_backend)))
+                                                get_attention_backend(config.attention_backend, engine.device,
+                                                                      config.cache.block_size)))
     engine.plug(proposer=TimedProposer(engine.spec.proposer))
     return engine
 

@@ -53,11 +53,16 @@ class Communicator:
     """Collectives over one process group. A world of one needs no group: every operation is then the identity,
     so the single-process model runs the same code with no cost."""
 
-    def __init__(self, pg=None, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, pg=None, rank: int = 0, world_size: int = 1, cpu_pg=None) -> None:
+        """`cpu_pg`: a gloo group beside an NCCL `pg`, for the collectives on CPU tensors (the step broadcast)."""
         if world_size > 1 and pg is None:
             raise ValueError("a Communicator for more than one rank needs a process group")
-        self.pg, self.rank, self.world_size = pg, rank, world_size
+        self.pg, self.rank, self.world_size, self.cpu_pg = pg, rank, world_size, cpu_pg
         self.stats = CommStats()
+
+    def _group(self, t: torch.Tensor):
+        """The group that moves `t`: NCCL moves GPU tensors only, so CPU ones go over the gloo group beside it."""
+        return self.cpu_pg if self.cpu_pg is not None and t.device.type == "cpu" else self.pg
 
     def _timed(self, kind: str, nbytes: int, work_fn):
         t0 = time.perf_counter()
@@ -67,7 +72,7 @@ class Communicator:
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over the ranks, in place (every rank ends with the sum)."""
         if self.world_size > 1:
-            self._timed("all_reduce", t.nbytes, lambda: self.pg.allreduce([t]))
+            self._timed("all_reduce", t.nbytes, lambda: self._group(t).allreduce([t]))
         return t
 
     def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -76,7 +81,7 @@ class Communicator:
             return t
         t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
-        self._timed("all_gather", t.nbytes, lambda: self.pg.allgather([parts], [t]))
+        self._timed("all_gather", t.nbytes, lambda: self._group(t).allgather([parts], [t]))
         return torch.cat(parts, dim=dim)
 
     def gather(self, t: torch.Tensor, dim: int = -1, dst: int = 0) -> torch.Tensor | None:
@@ -89,33 +94,33 @@ class Communicator:
         opts.rootRank = dst
         if self.rank == dst:
             parts = [torch.empty_like(t) for _ in range(self.world_size)]
-            self._timed("gather", t.nbytes, lambda: self.pg.gather([parts], [t], opts))
+            self._timed("gather", t.nbytes, lambda: self._group(t).gather([parts], [t], opts))
             return torch.cat(parts, dim=dim)
-        self._timed("gather", t.nbytes, lambda: self.pg.gather([], [t], opts))
+        self._timed("gather", t.nbytes, lambda: self._group(t).gather([], [t], opts))
         return None
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         if self.world_size > 1:
             opts = dist.BroadcastOptions()
             opts.rootRank = src
-            self._timed("broadcast", t.nbytes if self.rank == src else 0, lambda: self.pg.broadcast([t], opts))
+            self._timed("broadcast", t.nbytes if self.rank == src else 0, lambda: self._group(t).broadcast([t], opts))
         return t
 
     def send(self, t: torch.Tensor, dst: int, tag: int = 0):
         """Start sending `t` to rank `dst`; returns the pending work (call .wait() before reusing `t`)."""
         t0 = time.perf_counter()
-        work = self.pg.send([t], dst, tag)
+        work = self._group(t).send([t], dst, tag)
         self.stats.add("send", t.nbytes, time.perf_counter() - t0)
         return work
 
     def recv(self, t: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
-        self._timed("recv", 0, lambda: self.pg.recv([t], src, tag))
+        self._timed("recv", 0, lambda: self._group(t).recv([t], src, tag))
         return t
 
     def release(self) -> None:
         """Drop the process group: its sockets close, so a peer waiting in a collective with this rank fails at
         once instead of waiting for a timeout (what a crashed process does by dying)."""
-        self.pg = None
+        self.pg = self.cpu_pg = None
         import gc
         gc.collect()
 
@@ -145,7 +150,10 @@ def connect(host: str, port: int, rank: int, world_size: int, backend: str = "gl
     if store is None:
         store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
     pg = make_process_group(dist.PrefixStore(prefix, store), rank, world_size, backend, timeout)
-    return Communicator(pg, rank, world_size)
+    # NCCL moves GPU tensors only: the step's inputs (built on the host) are broadcast over gloo beside it
+    cpu_pg = (make_process_group(dist.PrefixStore(prefix + "/cpu", store), rank, world_size, "gloo", timeout)
+              if backend == "nccl" else None)
+    return Communicator(pg, rank, world_size, cpu_pg)
 
 
 def on_threads(world_size: int, fn) -> list:

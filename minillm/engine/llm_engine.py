@@ -23,6 +23,7 @@ import torch
 
 from minillm import interfaces
 from minillm.config import EngineConfig, use_kernels
+from minillm.distributed.device import engine_device, module_device
 from minillm.engine.inputs import prepare_inputs
 from minillm.engine.outputs import CompletionOutput, Logprob, RequestOutput, SeqSnapshot, StepInfo
 from minillm.engine.scheduler import Scheduler, SchedulerOutput
@@ -65,6 +66,8 @@ class LLMEngine:
         self.config = config if config is not None else EngineConfig()
         use_kernels(self.config.kernels)       # the CPU kernels are process-wide
         self.model, self.tokenizer, self.workers = model, tokenizer, workers
+        # a parallel engine's ranks loaded their shards onto their own devices (executor/workers.py)
+        self.device = module_device(model) if workers is not None else engine_device(self.config.device, model)
         cfg, cc = model.cfg, self.config.cache
         kv_dtype = pool_dtype(cc.kv_cache_dtype, model.dtype)
         per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, kv_dtype)
@@ -73,7 +76,7 @@ class LLMEngine:
             raise ValueError(f"the KV budget {cc.kv_cache_memory} holds no block of {per_block} bytes: "
                              "raise kv_cache_memory")
         self.runner = build_runner(model, self.config, num_blocks, workers.comm if workers is not None else None,
-                                   driver=workers)
+                                   driver=workers, device=self.device)
         self.kv_cache = self.runner.kv_cache
         if workers is not None:
             workers.init(num_blocks)              # every rank sizes its slice of the pool alike
@@ -83,6 +86,8 @@ class LLMEngine:
         # A sequence may never outgrow the context window, nor the whole pool (else it could not run even alone).
         self.max_model_len = min(self.config.max_model_len or cfg.max_position_embeddings,
                                  num_blocks * cc.block_size)
+        if self.device.type == "cuda" and not self.config.enforce_eager:   # decode steps replay CUDA graphs
+            self.runner.capture_cuda_graphs(self.max_model_len, self.config.scheduler.max_num_seqs)
         self.eos_ids = eos_token_ids(tokenizer, cfg)
         self.structured = StructuredOutputManager(tokenizer)
         self.requests: dict[str, list[Sequence]] = {}
@@ -100,7 +105,8 @@ class LLMEngine:
                              f"least {spec.k_max + 1} tokens (max_num_batched_tokens="
                              f"{self.config.scheduler.max_num_batched_tokens}): raise it or draft fewer tokens")
         ctx = ProposerContext(self.model, self.tokenizer, num_blocks, self.config.cache.block_size,
-                              get_attention_backend(self.config.attention_backend))
+                              get_attention_backend(self.config.attention_backend, self.device,
+                                                    self.config.cache.block_size))
         return SpecDecoder(spec, build_proposer(spec, ctx), self.model.cfg.vocab_size)
 
     @classmethod
@@ -142,7 +148,7 @@ class LLMEngine:
         # the automaton and its token index are built (or found in the cache) now: a bad pattern fails here
         matcher = self.structured.matcher(params.structured_outputs) if params.structured_outputs else None
         seq = Sequence(request_id, ids, params, TextStream(self.tokenizer, params, self.eos_ids),
-                       make_generator(params.seed), arrival_time)
+                       make_generator(params.seed, self.device), arrival_time)
         seq.matcher = matcher
         self.requests[request_id] = [seq]
         self.scheduler.add(seq)
@@ -327,7 +333,8 @@ class LLMEngine:
         """The k-th extra sample of an n > 1 request (joins the scheduler once its parent's prompt is committed)."""
         p = parent.params
         child = Sequence(parent.request_id, parent.prompt_token_ids, p, TextStream(self.tokenizer, p, self.eos_ids),
-                         make_generator(None if p.seed is None else p.seed + k), parent.metrics.arrival_time, index=k)
+                         make_generator(None if p.seed is None else p.seed + k, self.device), parent.metrics.arrival_time,
+                         index=k)
         child.token_ids = list(parent.token_ids)
         child.matcher = parent.matcher.copy() if parent.matcher is not None else None
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time

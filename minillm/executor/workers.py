@@ -30,6 +30,7 @@ import torch.distributed as dist
 from minillm import config
 from minillm.config import EngineConfig
 from minillm.distributed.comm import DEFAULT_TIMEOUT, Communicator, connect, thread_communicators
+from minillm.distributed.device import module_device, resolve_device
 from minillm.distributed.sharding import stage_layers
 from minillm.loading.loader import LoadedModel, load_model, peek_config
 from minillm.worker.model_runner import StepInputs, build_runner
@@ -86,23 +87,34 @@ class WorkerSpec:
     config: EngineConfig
     threads: int = 1
     rules: Any = None            # interfaces.TensorParallelRules; None: minillm's own
-    dist_backend: str = "gloo"
+    dist_backend: str = "gloo"   # "nccl" when the engine runs on CUDA (one GPU per rank)
 
     @property
     def world_size(self) -> int:
         return self.config.parallel.world_size
 
 
-def load_rank(spec: WorkerSpec, comm: Communicator) -> LoadedModel:
-    """This rank's shard of the model: its tensor-parallel slice, or its pipeline stage's layers."""
+def rank_device(spec: WorkerSpec, local_rank: int) -> torch.device:
+    """The device of a rank: on CUDA the GPU of its rank on this machine (made the thread's current device, which
+    NCCL uses), else the CPU."""
+    device = resolve_device(spec.config.device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def load_rank(spec: WorkerSpec, comm: Communicator, device: torch.device | None = None) -> LoadedModel:
+    """This rank's shard of the model on `device` (default: the CPU): its tensor-parallel slice, or its pipeline
+    stage's layers."""
     cfg, par = spec.config, spec.config.parallel
     quantization = effective_quantization(cfg, spec.rules)
+    device = torch.device("cpu") if device is None else device
     if par.pipeline_parallel_size > 1:
         layers = stage_layers(peek_config(spec.model).num_layers, par.pipeline_parallel_size, comm.rank)
         return load_model(spec.model, cfg.dtype, None, layers, quantization=quantization,
-                          group_size=cfg.quantization_group_size)
+                          group_size=cfg.quantization_group_size, device=device)
     return load_model(spec.model, cfg.dtype, comm, None, spec.rules, quantization=quantization,
-                      group_size=cfg.quantization_group_size)
+                      group_size=cfg.quantization_group_size, device=device)
 
 
 def effective_quantization(config: EngineConfig, rules: Any) -> str:
@@ -117,7 +129,7 @@ def serve_steps(spec: WorkerSpec, comm: Communicator, model) -> None:
     if cmd == STOP:
         return
     assert cmd == INIT, cmd
-    runner = build_runner(model, spec.config, int(payload[0]), comm)
+    runner = build_runner(model, spec.config, int(payload[0]), comm, device=module_device(model))
     while True:
         cmd, payload = chan.recv()
         if cmd == STOP:
@@ -142,9 +154,10 @@ def _process_main(spec: WorkerSpec, rank: int, port: int, parent: int) -> None:
     store = dist.TCPStore("127.0.0.1", port, spec.world_size, False, timeout=DEFAULT_TIMEOUT)
     try:
         store.set(f"joined/{rank}", "1")
+        device = rank_device(spec, rank)
         comm = connect("127.0.0.1", port, rank, spec.world_size, spec.dist_backend, store=store,
                        timeout=IDLE_TIMEOUT)
-        model = load_rank(spec, comm).model
+        model = load_rank(spec, comm, device).model
         serve_steps(spec, comm, model)
     except BaseException as e:  # noqa: BLE001 -- rank 0 reads this to say what went wrong
         try:
@@ -230,7 +243,7 @@ class Workers:
 
         def run(rank: int) -> None:
             try:
-                model = load_rank(spec, comms[rank]).model
+                model = load_rank(spec, comms[rank], rank_device(spec, rank)).model
                 serve_steps(spec, comms[rank], model)
             except BaseException as e:  # noqa: BLE001 -- reported by failure()
                 self.thread_errors[rank] = e
@@ -338,9 +351,10 @@ def env_communicator(spec: WorkerSpec):
 
 def run_env_worker(spec: WorkerSpec) -> None:
     """A torchrun rank other than 0: join the group, load this rank's shard, serve steps until rank 0 stops."""
+    device = rank_device(spec, config.torchrun_local_rank())
     comm, _ = env_communicator(spec)
     torch.set_num_threads(max(1, spec.threads))
-    serve_steps(spec, comm, load_rank(spec, comm).model)
+    serve_steps(spec, comm, load_rank(spec, comm, device).model)
 
 
 def env_rank() -> int | None:

@@ -5,9 +5,11 @@ DecodeWeights (LlamaModel.decode_step_weights). `run(...)` returns the final hid
 step does not apply and the layers must run — it applies only where it computes exactly what they would:
 
 - every row is a decode token (query length 1). Below cpu_qgemm.BATCHED_MIN_ROWS rows the matmuls run the integer
-  kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the int16 GEMM
-  (csrc/int16_gemm.c) on the same packed copies the layers' batched path makes (cpu_qgemm.int16_copy), when that
-  is the batched path (cpu_qgemm.batched_path() == "int16") — otherwise the layers run;
+  kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the same kernel's tiles
+  (cpu_qgemm.tiles_copy), as the layers' qlinear does up to cpu_qgemm.TILES_MAX_ROWS rows. Past that the layers
+  switch to their batched path and the fused step keeps the tiles: a decode or verification step gets one
+  arithmetic at every batch size (plain and speculative decoding agree), at the price of differing from the layers'
+  there by the batched path's rounding;
 - the whole model on one rank, float32, on the CPU; every decoder module of minillm's own classes with no forward
   hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized
   weight-only (W8A8 layers quantize activations per token: cpu_w8a8.py);
@@ -19,7 +21,7 @@ reference the tests compare against), as do qgemm="torch"|"scalar" (the layers t
 step's).
 
 Why batched decode steps too: at 48 rows a step's ~12 torch ops per layer (norms, RoPE, SiLU, KV writes, each
-60-160 us at that size between the int16 matmuls' parallel regions) and the Python around them cost ~60 of its
+60-160 us at that size between the matmuls' parallel regions) and the Python around them cost ~60 of its
 ~195 ms on SmolLM2 (cProfile, 2 threads); the matmuls and the attention are the same kernels either way.
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c", CSRC / "int16_gemm.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 FUSED_STEPS = 0          # decode steps run fused, for the benchmarks to say which path they timed ...
-FUSED_INT16_STEPS = 0    # ... and those of them whose matmuls ran the int16 GEMM
+FUSED_TILES_STEPS = 0    # ... and those of them whose matmuls ran on qgemm.c's tiles (batched rows)
 
 
 class _QLinear(ctypes.Structure):
@@ -54,12 +56,12 @@ class _Layer(ctypes.Structure):
                 ("down", _QLinear)]
 
 
-class _I16(ctypes.Structure):
-    _fields_ = [("tiles", _P), ("scales", _P), ("n_pad", _I)]
+class _Tiles(ctypes.Structure):
+    _fields_ = [("kind", _I), ("group", _I), ("n_pad", _I), ("tiles", _P), ("scales", _P), ("mins", _P)]
 
 
-class _Layer16(ctypes.Structure):
-    _fields_ = [("qkv", _I16), ("o", _I16), ("gate_up", _I16), ("down", _I16)]
+class _LayerTiles(ctypes.Structure):
+    _fields_ = [("qkv", _Tiles), ("o", _Tiles), ("gate_up", _Tiles), ("down", _Tiles)]
 
 
 class _Dims(ctypes.Structure):
@@ -135,8 +137,8 @@ class _Plan:
     layers: ctypes.Array
     dims: _Dims
     embed: _QLinear | None
-    packed16: ctypes.Array | None = None   # the int16 copies' C view, made on the first batched step
-    packs: list | None = None              # the PackedInt16 objects behind it (kept alive with the plan)
+    tiles: ctypes.Array | None = None      # the layers' tiles' C view, made on the first batched step ...
+    packs: list | None = None              # ... and the cpu_qgemm.PackedTiles behind it (kept alive with the plan)
 
 
 _plans: "weakref.WeakKeyDictionary[DecodeWeights, _Plan | None]" = weakref.WeakKeyDictionary()
@@ -162,22 +164,25 @@ def _plan(w: DecodeWeights) -> _Plan | None:
     return _plans[w]
 
 
-def _packed16(w: DecodeWeights, plan: _Plan) -> ctypes.Array:
-    """The int16 copies of the plan's matmuls (made now where the layers have not made them yet). Every input width
-    is even, as the int16 kernel needs: _qlinear took only widths that are a multiple of the group (of 32)."""
-    if plan.packed16 is None:
-        packs = [cpu_qgemm.int16_copy(q) for lw in w.layers for q in (lw.qkv, lw.o, lw.gate_up, lw.down)]
-        arr = (_Layer16 * (len(packs) // 4))()
+def _tiles(w: DecodeWeights, plan: _Plan) -> ctypes.Array:
+    """The tiles of the plan's matmuls (cpu_qgemm.tiles_copy: the layers' own, made now where the layers have not
+    made them yet). Every input width is a multiple of the group (of 32), as the tiles need (_qlinear took no
+    other)."""
+    if plan.tiles is None:
+        packs = [cpu_qgemm.tiles_copy(q) for lw in w.layers for q in (lw.qkv, lw.o, lw.gate_up, lw.down)]
+        arr = (_LayerTiles * (len(packs) // 4))()
         for i in range(len(arr)):
-            arr[i] = _Layer16(*(_I16(p.tiles.data_ptr(), p.scales.data_ptr(), p.scales.shape[1])
-                                for p in packs[4 * i:4 * i + 4]))
-        plan.packed16, plan.packs = arr, packs
-    return plan.packed16
+            arr[i] = _LayerTiles(*(_Tiles(cpu_qgemm.KIND[p.kind], p.group, p.tiles.shape[0] * cpu_qgemm.TILE_N,
+                                          p.tiles.data_ptr(), p.scales.data_ptr(),
+                                          p.mins.data_ptr() if p.mins is not None else None)
+                                   for p in packs[4 * i:4 * i + 4]))
+        plan.tiles, plan.packs = arr, packs
+    return plan.tiles
 
 
 def matmul_kernel(w: DecodeWeights, num_rows: int) -> str | None:
-    """The matmul kernel a fused step of `num_rows` decode rows runs, the one the layers would ("qgemm" or
-    "int16"), or None: the layers run (the step is off, another matmul path is chosen, or no compiler)."""
+    """The matmul kernel a fused step of `num_rows` decode rows runs: "qgemm" (the row kernel) or "tiles", or None:
+    the layers run (the step is off, another matmul path is chosen, or no compiler)."""
     if not enabled() or cpu_qgemm.mode() != "c" or load() is None:
         return None
     attn = cpu_native.load()
@@ -185,7 +190,7 @@ def matmul_kernel(w: DecodeWeights, num_rows: int) -> str | None:
         return None
     if num_rows < cpu_qgemm.BATCHED_MIN_ROWS:
         return "qgemm"
-    return "int16" if cpu_qgemm.batched_path() == "int16" else None
+    return "tiles" if cpu_qgemm.load().minillm_qgemm_tiles_available() else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,7 +219,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     if plan is None:
         return None
     lib = load()
-    packed = _packed16(w, plan) if kernel == "int16" else None
+    tiles = _tiles(w, plan) if kernel == "tiles" else None
     num_slots = k_cache.shape[2]
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     tables = block_tables.to(torch.int64).contiguous()
@@ -226,7 +231,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     team, started = cpu_threads.step_team(ids.numel()), time.perf_counter()
     rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
                                  ctypes.byref(plan.embed) if plan.embed is not None else None,
-                                 ctypes.addressof(plan.layers), None if packed is None else ctypes.addressof(packed),
+                                 ctypes.addressof(plan.layers), None if tiles is None else ctypes.addressof(tiles),
                                  len(plan.layers), ctypes.byref(plan.dims),
                                  w.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  k_cache.data_ptr(), v_cache.data_ptr(), num_slots, slots.data_ptr(),
@@ -235,14 +240,14 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     cpu_threads.record(team, ids.numel(), time.perf_counter() - started)
     if rc == -1:
         raise MemoryError("the fused decode step could not allocate its scratch buffers")
-    if rc == -6:    # NaN or inf reached an int16 matmul's input: the layers' float fallback propagates it
+    if rc == -6:    # NaN or inf reached a tiles matmul's input: the layers' float fallback propagates it
         return None
     if rc in _ERRORS:
         err, text = _ERRORS[rc]
         raise err(text.format(slots=num_slots, width=tables.shape[1] * block_size, lens=seq_lens,
                               blocks=num_slots // block_size, vocab=vocab_size - 1)
                   + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
-    global FUSED_STEPS, FUSED_INT16_STEPS
+    global FUSED_STEPS, FUSED_TILES_STEPS
     FUSED_STEPS += 1
-    FUSED_INT16_STEPS += packed is not None
+    FUSED_TILES_STEPS += tiles is not None
     return x

@@ -3,9 +3,11 @@
 `qlinear(x, qw)` is the one entry point the layers use.
 - W8A8 weights (`qw.act == "int8"`): always cpu_w8a8.w8a8_linear (per-token int8 activations at every batch size).
 - Weight-only int8/int4 on CPU with the kernel built: up to BATCHED_MIN_ROWS - 1 activation rows (decode) the
-  integer kernel on the packed weights; from there on (prefill, batched decode) the BATCHED_PATH (see the table at
-  the constant): by default the int16 GEMM (cpu_int16.py: 13-bit weight and activation codes per 64 inputs) on a
-  copy of the weight packed on the first such call; an FBGEMM float16 copy where that kernel cannot be built.
+  integer kernel on the packed weights; up to TILES_MAX_ROWS rows (batched decode, verification, short prefill
+  chunks) the same kernel's tiles (the weights' own codes reordered, each block widened once for all rows); from
+  there on (prefill) the BATCHED_PATH (see the table at the constant): by default the int16 GEMM (cpu_int16.py:
+  13-bit codes per 64 inputs) on a copy of the weight packed on the first such call; an FBGEMM float16 copy where
+  that kernel cannot be built.
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
 their 16-bit copies: tests/test_quant.py, tests/test_w8a8.py and tests/test_int16_gemm.py state the tolerances.
@@ -19,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,9 +30,10 @@ import torch.nn.functional as F
 from minillm import config
 from minillm.kernels import cpu_int16, cpu_native, cpu_threads, cpu_w8a8
 from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
-from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize
+from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize, quantize_activations, unpack_int4
 
-SOURCE = Path(__file__).with_name("csrc") / "qgemm.c"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "qgemm.c", CSRC / "int16_gemm.c")     # the tiles (many rows) use int16_gemm.c's register tile
 KIND = {"int8": 0, "int4": 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _I, _P, _I, ctypes.c_int]
@@ -44,7 +48,7 @@ def mode() -> str:
 def load(variant: str = "c") -> ctypes.CDLL | None:
     """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs)."""
     extra = ("-DMINILLM_QGEMM_SCALAR",) if variant == "scalar" else ()
-    lib = cpu_native.open_library(SOURCE, "C quantized-matmul kernel", "dequantizing to float instead", extra)
+    lib = cpu_native.open_library(SOURCES, "C quantized-matmul kernel", "dequantizing to float instead", extra)
     if lib is None:
         return None
     lib.minillm_qgemm.argtypes = _ARGTYPES
@@ -52,6 +56,9 @@ def load(variant: str = "c") -> ctypes.CDLL | None:
     lib.minillm_qgemm_simd.restype = ctypes.c_int
     lib.minillm_dequant.argtypes = [ctypes.c_int, _P, _P, _P, _I, _I, _I, _P, ctypes.c_int]
     lib.minillm_dequant.restype = None
+    lib.minillm_qgemm_tiles.argtypes = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _I, _P, ctypes.c_int]
+    lib.minillm_qgemm_tiles.restype = ctypes.c_int
+    lib.minillm_qgemm_tiles_available.restype = ctypes.c_int
     return lib
 
 
@@ -128,7 +135,19 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # the int16 GEMM: 1 row 9.4 vs 17.2 ms, 2 rows 13.4 vs 16.4, 3 rows 19.3 vs 16.8, 4 rows 25.8 vs 17.7, 8 rows 47.9
 # vs 25.9, 16 rows 111.9 vs 50.3; the layers (MINILLM_DECODE_STEP=layers) cross at the same place (3 rows 34.4 vs
 # 32.4, 8 rows 66.7 vs 44.0). Batch-1 decode stays on the C kernel: it streams int4's 0.56 bytes per weight, not 2.
+# Still 3 with qgemm.c's row_many (rows sharing each widened weight block; 2026-11-29, Zen 4, same measure): 2 rows
+# 5.4 ms (6.8 before it), 3 rows 7.7-8.4 on the int16 GEMM vs 7.8-8.4 on row_many, 4 rows 8.1 vs 8.1-10.6.
 BATCHED_MIN_ROWS = 3
+# From BATCHED_MIN_ROWS up to this many rows the C kernel's tiles run (qgemm.c: the weights' own int4 / int8 codes in
+# tiles, widened a block at a time for every row; the row kernel's arithmetic, so batched rows differ from rows alone
+# only by the order of float additions); past it, the BATCHED_PATH. The fused decode step runs the tiles at every
+# batch (cpu_decode.matmul_kernel), so plain and speculative decoding use one arithmetic at any batch size. Measured
+# 2026-11-29 (SmolLM2's 576x1536 / 1536x576 int4 layers, 2 threads, Zen 4; -march=native and an AVX2-only build
+# alike), ms tiles vs the int16 copy: 3 rows 2.2 vs 3.1, 5 rows 3.0 vs 4.9, 8 rows 4.1 vs 4.8, 16 rows 6.7 vs 7.0,
+# 24 rows 9.6 vs 9.6, 32 rows 12.6 vs 11.9, 64 rows 25 vs 23, 256 rows 102 vs 85: a step of few rows streams the
+# weights (0.56 bytes per int4 weight against the copy's 2), many rows are compute-bound and the copy's scale per 64
+# inputs (half the float work of a scale per group of 32) wins. 64 covers a batch of max_num_seqs decodes.
+TILES_MAX_ROWS = 64
 BATCHED_PATHS = (*config.QGEMM_BATCHED_PATHS, "dequant")   # dequant: only inside exact_batched()
 BATCHED_PATH = config.KERNEL_SETTINGS["qgemm_batched"][1]
 _exact = threading.local()
@@ -169,9 +188,12 @@ def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     return out
 
 
-def qlinear(x: torch.Tensor, qw: QuantizedWeight, smooth: torch.Tensor | None = None) -> torch.Tensor:
+def qlinear(x: torch.Tensor, qw: QuantizedWeight, smooth: torch.Tensor | None = None,
+            sampled: bool = False) -> torch.Tensor:
     """x [..., K] (float32/bf16/fp16) times the quantized [N, K] matrix -> [..., N] in x's dtype. `smooth`: the
-    layer's SmoothQuant factors, used by a W8A8 copy for batched steps."""
+    layer's SmoothQuant factors, used by a W8A8 copy for batched steps. `sampled`: x holds sampled rows only (the LM
+    head's), never a prefill's bulk: they run the tiles at any count, so a verification of k + 1 tokens for many
+    sequences scores its rows with the arithmetic a plain step of them would."""
     if qw.act is not None:
         return w8a8_linear(x, qw)
     lib = _kernel() if x.device.type == "cpu" else None
@@ -180,9 +202,14 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight, smooth: torch.Tensor | None = 
     n, k = qw.shape
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
-    if x.numel() // k >= BATCHED_MIN_ROWS:
-        return batched(x, qw, smooth=smooth)
-    return kernel(x, qw, lib)
+    rows = x.numel() // k
+    if rows < BATCHED_MIN_ROWS:
+        return kernel(x, qw, lib)
+    if (rows <= TILES_MAX_ROWS or sampled) and lib.minillm_qgemm_tiles_available():
+        y = linear_tiles(x, tiles_copy(qw), lib)
+        if y is not None:
+            return y
+    return batched(x, qw, smooth=smooth)
 
 
 def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
@@ -211,6 +238,96 @@ def batched(x: torch.Tensor, qw: QuantizedWeight, path: str | None = None,
     if path in ("float", "fp16"):
         return F.linear(x, cached(qw, "float", lambda: dequantize(qw)).to(x.dtype))
     return F.linear(x, dequantize(qw).to(x.dtype))
+
+
+@dataclass
+class PackedTiles:
+    """A quantized matrix's own codes in the C kernel's tiles (csrc/qgemm.c describes the layout): int4 as uint8
+    [N_pad/24, K/32, 8, 3, 16], int8 as int8 [N_pad/24, K/32, 16, 3, 16]; the fp16 scales (and int4's minimums) per
+    (24-column block, group, column) [N_pad/24, K/G, 24]. The same bytes as the matrix, reordered."""
+    kind: str
+    tiles: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+    n: int
+    k: int
+    group: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.tiles, self.scales, self.mins) if t is not None)
+
+
+TILE_N = 24
+
+
+def pack_tiles(qw: QuantizedWeight) -> PackedTiles:
+    """qw's codes, scales and minimums reordered into tiles (N padded to a multiple of 24 with zero columns)."""
+    n, k = qw.shape
+    g = qw.group_size
+    n_pad = -(-n // TILE_N) * TILE_N
+    pad = n_pad - n
+    if qw.kind == "int4":                                  # (block, v, column, b, half, j, input)
+        t = F.pad(unpack_int4(qw.qweight), (0, 0, 0, pad)).view(n_pad // TILE_N, 3, 8, k // 32, 2, 8, 2)
+        tiles = (t[:, :, :, :, 0] | (t[:, :, :, :, 1] << 4)).permute(0, 3, 4, 1, 2, 5)   # (block, b, j, v, col, in)
+        tiles = tiles.contiguous().view(n_pad // TILE_N, k // 32, 8, 3, 16)
+    else:                                                  # (block, v, column, b, j, input)
+        t = F.pad(qw.qweight, (0, 0, 0, pad)).view(n_pad // TILE_N, 3, 8, k // 32, 16, 2)
+        tiles = t.permute(0, 3, 4, 1, 2, 5).contiguous().view(n_pad // TILE_N, k // 32, 16, 3, 16)
+
+    def per_block(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (0, 0, 0, pad)).view(n_pad // TILE_N, TILE_N, k // g).permute(0, 2, 1).contiguous()
+
+    return PackedTiles(qw.kind, tiles, per_block(qw.scales), per_block(qw.mins) if qw.mins is not None else None,
+                       n, k, g)
+
+
+def tiles_copy(qw: QuantizedWeight) -> PackedTiles:
+    """qw in tiles, made on the first product of BATCHED_MIN_ROWS..TILES_MAX_ROWS rows and kept in qw.cache (the
+    fused decode step's batched steps share it)."""
+    return cached(qw, "tiles", lambda: pack_tiles(qw))
+
+
+def linear_tiles(x: torch.Tensor, packed: PackedTiles, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """x [..., K] -> [..., N] in x's dtype through the tiles; None when x holds NaN or inf (the caller's float path
+    then propagates them)."""
+    lib = lib or _kernel()
+    lead, k = x.shape[:-1], packed.k
+    x2 = x.reshape(-1, k)
+    if x2.dtype != torch.float32 or x2.stride(-1) != 1:
+        x2 = x2.float().contiguous()
+    m, n_pad = x2.shape[0], packed.tiles.shape[0] * TILE_N
+    y = torch.empty(m, n_pad, dtype=torch.float32)
+    if m:
+        mins = packed.mins.data_ptr() if packed.mins is not None else None
+        rc = lib.minillm_qgemm_tiles(KIND[packed.kind], x2.data_ptr(), m, k, x2.stride(0), packed.tiles.data_ptr(),
+                                     packed.scales.data_ptr(), mins, packed.group, n_pad, y.data_ptr(),
+                                     cpu_threads.team_size())
+        if rc == -2:
+            return None
+        if rc != 0:
+            raise MemoryError("the quantized matmul could not allocate its activation buffer") if rc == -1 else \
+                RuntimeError(f"the tiles kernel failed (code {rc})")
+    y = y[:, :packed.n].contiguous() if packed.n != n_pad else y
+    y = y.view(*lead, packed.n)
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def simulate_tiles(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
+    """The tiles' arithmetic in torch (float64): per block of 32 inputs the exact integer sum of the activation codes
+    (formats.quantize_activations, the row kernel's) times the weight codes, times the block's activation scale and
+    the group's weight scale, plus (int4) the group's minimum times the block's scaled code sum."""
+    x2 = x.reshape(-1, qw.shape[1]).float()
+    q, d, s = quantize_activations(x2)
+    codes = (unpack_int4(qw.qweight) if qw.kind == "int4" else qw.qweight).long()
+    y = torch.zeros(x2.shape[0], qw.shape[0], dtype=torch.float64)
+    for b in range(qw.shape[1] // 32):
+        k0, g = 32 * b, 32 * b // qw.group_size
+        dot = (q[:, k0:k0 + 32].long() @ codes[:, k0:k0 + 32].T).double()
+        y += dot * d[:, b:b + 1].double() * qw.scales[:, g].double()
+        if qw.mins is not None:
+            y += s[:, b:b + 1].double() * qw.mins[:, g].double()
+    return y.view(*x.shape[:-1], qw.shape[0])
 
 
 def int16_copy(qw: QuantizedWeight) -> cpu_int16.PackedInt16:

@@ -108,7 +108,7 @@ def cached(qw: QuantizedWeight, name: str, build):
 def _bytes_of(obj, qw: QuantizedWeight, name: str) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
-    if hasattr(obj, "nbytes"):              # cpu_int16.PackedInt16
+    if hasattr(obj, "nbytes"):              # cpu_int16.PackedInt16, cpu_qgemm.PackedTiles
         return obj.nbytes
     if isinstance(obj, QuantizedWeight):    # a requantized copy; tensors left on "meta" hold no memory
         return sum(t.numel() * t.element_size() for t in obj.tensors() if t.device.type != "meta")

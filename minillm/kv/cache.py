@@ -53,10 +53,12 @@ def pool_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", spare_blocks: int = 0) -> None:
+        """`spare_blocks` more blocks sit past the num_blocks the block manager hands out (slots from
+        num_blocks * block_size on): a CUDA graph's padding rows write their K/V there (worker/cuda_graphs.py)."""
         if not (dtype.is_floating_point or dtype == torch.int8):
             raise ValueError(f"a KV pool stores a float dtype or torch.int8 (with scales), got {dtype}")
-        shape = (cfg.num_layers, cfg.num_kv_heads, num_blocks * block_size, cfg.head_dim)
+        shape = (cfg.num_layers, cfg.num_kv_heads, (num_blocks + spare_blocks) * block_size, cfg.head_dim)
         self.k = zeros_lazily(shape, dtype, device)
         self.v = zeros_lazily(shape, dtype, device)
         self.k_scale: torch.Tensor | None = None
@@ -64,7 +66,7 @@ class KVCache:
         if dtype == torch.int8:
             self.k_scale = zeros_lazily(shape[:-1], SCALE_DTYPE, device)
             self.v_scale = zeros_lazily(shape[:-1], SCALE_DTYPE, device)
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.spare_blocks = num_blocks, block_size, spare_blocks
         self.num_kv_heads, self.head_dim = cfg.num_kv_heads, cfg.head_dim
 
     @property
@@ -98,7 +100,7 @@ class KVCache:
 
     def layer_scale_views(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """layer_scales(i) as strided views [num_blocks, block_size, kv_heads], to go with layer(i)."""
-        shape = (self.num_kv_heads, self.num_blocks, self.block_size)
+        shape = (self.num_kv_heads, self.num_blocks + self.spare_blocks, self.block_size)
         return self.k_scale[i].view(shape).permute(1, 2, 0), self.v_scale[i].view(shape).permute(1, 2, 0)
 
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -127,7 +129,7 @@ class KVCache:
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i's K and V as strided views [num_blocks, block_size, kv_heads, head_dim]."""
-        shape = (self.num_kv_heads, self.num_blocks, self.block_size, self.head_dim)
+        shape = (self.num_kv_heads, self.num_blocks + self.spare_blocks, self.block_size, self.head_dim)
         return self.k[i].view(shape).permute(1, 2, 0, 3), self.v[i].view(shape).permute(1, 2, 0, 3)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:

@@ -183,16 +183,23 @@ class TritonAttentionBackend(TorchAttentionBackend):
         rows, tables, lens = meta.decode_rows()
         if not rows:
             return set()
+        # every row a decode row (a decode step, a CUDA graph's): the built-in kernel takes q (strided) and fills out
+        # as they are, with no index built on the host
+        every = self.decode_fn is None and len(rows) == q.shape[0]
         k_cache, v_cache = cache.layer(layer)
-        args = (q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
+        args = (q if every else q[rows], k_cache, v_cache, tables.to(torch.int32), lens.to(torch.int32), scale)
         if cache.quantized:
             if self.decode_fn is not None:
                 raise ValueError("this decode_fn reads a float KV pool; the engine's pool is int8: use "
                                  "kv_cache_dtype='auto', or the built-in kernel (decode_fn=None)")
             k_scale, v_scale = cache.layer_scale_views(layer)
-            out[rows] = decode(*args, k_scale=k_scale, v_scale=v_scale)
+            result = decode(*args, k_scale=k_scale, v_scale=v_scale)
         else:
-            out[rows] = decode(*args)
+            result = decode(*args)
+        if every:
+            out.copy_(result)
+        else:
+            out[rows] = result
         return set(rows)
 
 
@@ -231,12 +238,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return set(rows)
 
 
-def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
-    """'auto' = the Triton kernel on CUDA; on CPU the compiled CPU kernel (C built on first use, or numba), else
-    the torch reference (Triton's interpreter is far too slow to serve)."""
+def get_attention_backend(name: str = "auto", device: str | torch.device = "cpu", block_size: int | None = None):
+    """'auto' = the Triton kernel on CUDA (the torch reference for a block_size that is not a power of two, which the
+    kernel cannot split); on CPU the compiled CPU kernel (C built on first use, or numba), else the torch reference
+    (Triton's interpreter is far too slow to serve)."""
     if name == "auto":
         if torch.device(device).type == "cuda":
-            name = "triton"
+            name = "triton" if block_size is None or block_size & (block_size - 1) == 0 else "torch"
         else:
             name = "cpu" if cpu_kernel_available() else "torch"
     if name == "torch":

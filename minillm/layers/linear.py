@@ -193,14 +193,15 @@ class Quantizable:
         self.quant = None
         self.weight = nn.Parameter(w, requires_grad=False)
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """x times this rank's matrix (transposed); no communication, no bias."""
+    def linear(self, x: torch.Tensor, sampled: bool = False) -> torch.Tensor:
+        """x times this rank's matrix (transposed); no communication, no bias. `sampled`: x holds sampled rows only
+        (the LM head's; cpu_qgemm.qlinear says what changes)."""
         if self.quant is None:
             return F.linear(x, self.weight)
         if x.is_cuda:
             from minillm.kernels.triton_qgemm import qlinear_cuda
             return qlinear_cuda(x, self.quant)
-        return qlinear(x, self.quant, self._buffers.get("smooth_factors"))
+        return qlinear(x, self.quant, self._buffers.get("smooth_factors"), sampled)
 
 
 def _read_quantized(src, rows: slice | None = None, cols: slice | None = None) -> QuantizedWeight | None:

@@ -119,14 +119,26 @@ class RotaryEmbedding(nn.Module):
             freqs = positions.float()[:, None] * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1)
             return emb.cos(), emb.sin()
-        if self._cache is None or self._cache[0] < need or self._cache[1].device != positions.device:
+        _, cos, sin = self._table(need, positions.device)
+        return cos[positions], sin[positions]
+
+    def tables(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of positions 0..n-1 (at least) on `device`, [>= n, head_dim] fp32: what cos_sin indexes, for a
+        caller that indexes them itself without reading the positions on the host (a CUDA graph). Not for dynamic
+        scaling, whose numbers depend on each sequence's length."""
+        if self.rope_type == "dynamic":
+            raise ValueError("dynamic RoPE scaling depends on each sequence's length: it has no fixed table")
+        _, cos, sin = self._table(n, device)
+        return cos, sin
+
+    def _table(self, need: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
+        if self._cache is None or self._cache[0] < need or self._cache[1].device != device:
             n = max(need, min(self.max_position, 4096))
-            inv_freq = self.inv_freq.to(positions.device)
-            freqs = torch.arange(n, dtype=torch.float32, device=positions.device)[:, None] * inv_freq[None, :]
+            inv_freq = self.inv_freq.to(device)
+            freqs = torch.arange(n, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cache = (n, emb.cos() * self.attention_factor, emb.sin() * self.attention_factor)
-        _, cos, sin = self._cache
-        return cos[positions], sin[positions]
+        return self._cache
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

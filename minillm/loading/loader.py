@@ -10,6 +10,7 @@ import torch
 
 from minillm.calibration.smoothquant import attach, calibrate_cached
 from minillm.config import ModelConfig
+from minillm.distributed.device import resolve_device
 from minillm.distributed.sharding import check_tp_size
 from minillm.loading.default_model import DEFAULT_SAMPLING, default_model_path
 from minillm.loading.errors import ModelLoadError
@@ -55,15 +56,18 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32", comm=None,
                layers: range | None = None, rules=None, quantization: str = "none",
-               group_size: int = 32, progress=None) -> LoadedModel:
+               group_size: int = 32, progress=None, device: str | torch.device = "cpu") -> LoadedModel:
     """Read a checkpoint into a LlamaModel. With `comm` (a tensor-parallel Communicator) the model is this rank's
     shard and only its slices are read (`rules` decide which); with `layers`, only a pipeline stage's layers.
     `quantization` (see minillm.quant.policy): "none" dequantizes everything to `dtype` (what the labs use);
     "auto" keeps a quantized checkpoint's formats; "int8" / "int4" quantize the linear layers (int4 in groups of
     `group_size`); "w8a8" quantizes weights and activations to int8, with SmoothQuant factors calibrated on the
-    whole float model (calibration/smoothquant.py; cached per checkpoint, `progress(text)` hears about it)."""
+    whole float model (calibration/smoothquant.py; cached per checkpoint, `progress(text)` hears about it).
+    `device` (a torch.device or EngineConfig's setting, "auto" included): where the model ends up. Float weights
+    ("none") are read straight onto it; a quantized model is quantized (and calibrated) on the CPU, then moved packed."""
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype)
+    device = resolve_device(device)      # a parallel engine's rank passes its own GPU (executor/workers.py)
     if path.is_dir():
         cfg, weights, tok, recommended = _read_hf_dir(path)
     elif path.suffix == ".gguf" or _has_gguf_magic(path):
@@ -73,7 +77,8 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
     if comm is not None and comm.world_size > 1:
         check_tp_size(cfg, comm.world_size)
     check_quantization(quantization, group_size, rules)
-    model = build_model(cfg, weights, torch_dtype, comm, layers, rules, keep_quantized=quantization == "auto")
+    model = build_model(cfg, weights, torch_dtype, comm, layers, rules, keep_quantized=quantization == "auto",
+                        device=device if quantization == "none" else None)
     whole = (comm is None or comm.world_size == 1) and layers is None
     smooth = None
     if quantization == "w8a8" and whole:     # SmoothQuant factors from the float model, then quantize with them
@@ -84,6 +89,8 @@ def load_model(spec: str | Path = "default", dtype: str | torch.dtype = "float32
         raise ModelLoadError(str(e)) from None
     if wants_calibration(model) and whole:   # W8A8 copies for batched steps (MINILLM_QGEMM_BATCHED=w8a8)
         attach(model, calibrate_cached(model, tok, path, progress))
+    if device.type != "cpu":
+        model.to(device)        # packed quantized layers stay packed (Quantizable._apply); float ones are there
     return LoadedModel(model, tok, cfg, path, _recommended(recommended, path))
 
 
@@ -155,13 +162,14 @@ def peek_config(spec: str | Path = "default") -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig, weights: Iterable[tuple[str, Any]], dtype: torch.dtype, comm=None,
-                layers: range | None = None, rules=None, keep_quantized: bool = False) -> LlamaModel:
+                layers: range | None = None, rules=None, keep_quantized: bool = False,
+                device: torch.device | None = None) -> LlamaModel:
     """Instantiate on the meta device, then fill from (hf_name, tensor or weight source) pairs, fusing qkv and
     gate/up; a tensor-parallel rank (`comm`) or pipeline stage (`layers`) takes only its part."""
     with torch.device("meta"):
         model = LlamaModel(cfg, comm, layers, rules)
     try:
-        model.load_weights(weights, dtype, keep_quantized=keep_quantized)
+        model.load_weights(weights, dtype, keep_quantized=keep_quantized, device=device)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     model.rotary = type(model.rotary)(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings, cfg.rope_scaling)

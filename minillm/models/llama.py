@@ -116,7 +116,8 @@ class LlamaModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden] (normed), or for a pipeline stage
         that is not the last, its layers' output (`hidden` is the previous stage's, for a stage that is not the
         first)."""
-        ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
+        if ctx.cos is None:     # a CUDA graph's step brings its own (gathered on the device from a fixed table)
+            ctx.cos, ctx.sin = self.rotary.cos_sin(positions, ctx.meta.query_lens, ctx.meta.seq_lens)
         x = self.embed_tokens(input_ids) if hidden is None else hidden
         if self.layers:   # a quantized embedding dequantizes to float32: run the layers in the model's dtype
             x = x.to(self.layers[0].input_layernorm.weight.dtype)
@@ -144,18 +145,20 @@ class LlamaModel(nn.Module):
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         packed = self._packed_lm_head(head.weight) if head.quant is None else None
         if head.quant is not None:
-            local = head.linear(hidden).float()
+            local = head.linear(hidden, sampled=True).float()
         elif packed is not None:
             local = torch.ops.mkldnn._linear_pointwise(hidden.contiguous(), packed, None, "none", [], "")
         else:
             local = F.linear(hidden, head.weight).float()
         return local if self.comm.world_size == 1 else gather_logits(local, self.comm, self.cfg.vocab_size)
 
-    def load_weights(self, weights, dtype: torch.dtype = torch.float32, keep_quantized: bool = False) -> "LlamaModel":
+    def load_weights(self, weights, dtype: torch.dtype = torch.float32, keep_quantized: bool = False,
+                     device: torch.device | None = None) -> "LlamaModel":
         """Fill the parameters from (Hugging Face name, tensor or weight source) pairs. Each layer reads its own
         slice (`shard`); q/k/v and gate/up land in their fused matrices; layers outside this stage are skipped
         unread. With `keep_quantized`, a weight stored in a format minillm runs directly (GGUF Q8_0/Q4_0/Q4_1)
-        stays in it (`shard(..., quantized=True)`). Raises ValueError naming what is missing, unexpected or misshaped."""
+        stays in it (`shard(..., quantized=True)`). Float weights go to `device` as they are read (None: where the
+        checkpoint's reader put them, the CPU). Raises ValueError naming what is missing, unexpected or misshaped."""
         state: dict[str, torch.Tensor | QuantizedWeight] = {}
         parts: dict[str, dict[str, torch.Tensor | QuantizedWeight]] = {}
         self.checkpoint_types: dict[str, str] = {}   # target -> the checkpoint's storage type, where quantized
@@ -201,8 +204,8 @@ class LlamaModel(nn.Module):
             if tuple(state[name].shape) != tuple(p.shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(state[name].shape)} != expected {tuple(p.shape)}")
         quantized = {k: v for k, v in state.items() if isinstance(v, QuantizedWeight)}
-        self.load_state_dict({k: v.to(dtype) for k, v in state.items() if k not in quantized}, assign=True,
-                             strict=False)
+        self.load_state_dict({k: v.to(dtype) if device is None else v.to(device=device, dtype=dtype)
+                              for k, v in state.items() if k not in quantized}, assign=True, strict=False)
         for name, qw in quantized.items():
             self.get_submodule(name.rsplit(".", 1)[0]).set_quantized(qw)
         return self

@@ -210,6 +210,7 @@ def quantize(w: torch.Tensor, spec: QuantSpec, smooth: torch.Tensor | None = Non
 
 
 ACT_LEVELS = 32767   # the CPU kernel quantizes activations to int16 (csrc/qgemm.c says why not int8)
+MIN_ACT_STEP = 3.0e-39   # a block with a smaller step (values under ~1e-34) gets codes 0, as csrc/qgemm.c's FLT_MIN_STEP
 
 
 def quantize_activations(x: torch.Tensor, levels: int = ACT_LEVELS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,7 +220,7 @@ def quantize_activations(x: torch.Tensor, levels: int = ACT_LEVELS) -> tuple[tor
     m, k = x.shape
     xb = x.float().reshape(m, k // BLOCK, BLOCK)
     d = xb.abs().amax(-1) / levels
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros(()))
+    inv = torch.where(d > MIN_ACT_STEP, 1.0 / d, torch.zeros(()))     # a smaller step's inverse overflows
     q = torch.round(xb * inv.unsqueeze(-1)).clamp(-levels, levels)
     return q.to(torch.int16).reshape(m, k), d, d * q.sum(-1)
 

@@ -19,10 +19,11 @@ from minillm.sampling.params import SamplingParams
 from minillm.sampling.processors import apply_penalties, process_logits
 
 
-def make_generator(seed: int | None) -> torch.Generator | None:
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator | None:
+    """A seeded request's own generator, on the device its draws are made on (the engine's)."""
     if seed is None:
         return None
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 @dataclass
@@ -37,8 +38,8 @@ class SamplingBatch:
     def __len__(self) -> int:
         return len(self.params)
 
-    def column(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.tensor([getattr(p, name) for p in self.params], dtype=dtype)
+    def column(self, name: str, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in self.params], dtype=dtype, device=device)
 
 
 @dataclass
@@ -65,8 +66,14 @@ def draw(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -
         noise[i].exponential_(generator=generators[i])
     if len(seeded) < len(generators):
         rest = [i for i, g in enumerate(generators) if g is None]
-        noise[rest] = torch.empty(len(rest), probs.shape[1], dtype=probs.dtype).exponential_()
+        noise[rest] = torch.empty(len(rest), probs.shape[1], dtype=probs.dtype, device=probs.device).exponential_()
     return (probs / noise).argmax(-1)
+
+
+def _off_cpu(t: torch.Tensor) -> torch.device | None:
+    """t's device when it is not the CPU (the per-row settings go there), else None: on the CPU they are built
+    exactly as before devices existed."""
+    return None if t.device.type == "cpu" else t.device
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: Sequence[int]) -> list[TokenLogprobs]:
@@ -98,24 +105,29 @@ class Sampler:
             return logits
         sub = SamplingBatch([batch.params[i] for i in rows], [], [batch.prompt_ids[i] for i in rows],
                             [batch.output_ids[i] for i in rows])
-        logits = logits.clone()
-        logits[rows] = apply_penalties(logits[rows], sub.prompt_ids, sub.output_ids, sub.column("repetition_penalty"),
-                                       sub.column("presence_penalty"), sub.column("frequency_penalty"))
+        logits, dev = logits.clone(), _off_cpu(logits)
+        logits[rows] = apply_penalties(logits[rows], sub.prompt_ids, sub.output_ids,
+                                       sub.column("repetition_penalty", device=dev),
+                                       sub.column("presence_penalty", device=dev),
+                                       sub.column("frequency_penalty", device=dev))
         return logits
 
     def probs(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Each row's distribution [B, V]: what a random row samples from. A greedy row's is one-hot on its argmax."""
         logits = self.penalized(logits, batch)
-        greedy = torch.tensor([p.greedy for p in batch.params])
+        dev = _off_cpu(logits)
+        # which rows are greedy is known on the host: no flag tensor to read back from a GPU
+        g = [i for i, p in enumerate(batch.params) if p.greedy]
+        r = [i for i, p in enumerate(batch.params) if not p.greedy]
         out = torch.zeros_like(logits)
-        if bool(greedy.any()):
-            g = greedy.nonzero()[:, 0]
-            out[g, logits[g].argmax(-1)] = 1.0
-        if not bool(greedy.all()):
-            r = (~greedy).nonzero()[:, 0].tolist()
+        if g:
+            gi = g if dev is None else torch.tensor(g, device=dev)
+            out[gi, logits[gi].argmax(-1)] = 1.0
+        if r:
             sub = SamplingBatch([batch.params[i] for i in r], [])
-            processed = self.process_fn(logits[r], sub.column("temperature"), sub.column("top_k", torch.int64),
-                                        sub.column("top_p"), sub.column("min_p"))
+            processed = self.process_fn(logits[r], sub.column("temperature", device=dev),
+                                        sub.column("top_k", torch.int64, dev), sub.column("top_p", device=dev),
+                                        sub.column("min_p", device=dev))
             out[r] = processed.softmax(-1)
         return out
 

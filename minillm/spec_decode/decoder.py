@@ -204,7 +204,7 @@ class SpecDecoder:
                 raise ValueError(f"the rejection sampler returned {toks} for drafts {d}: it must return the "
                                  "accepted drafts (a prefix) followed by one token")
             n = seq.params.logprobs
-            lps = (token_logprobs(logits[rs[:len(toks)]], torch.tensor(toks), [n] * len(toks)) if n is not None
+            lps = (token_logprobs(logits[rs[:len(toks)]], torch.tensor(toks, device=logits.device), [n] * len(toks)) if n is not None
                    else [None] * len(toks))
             seq.metrics.spec.record(len(d), len(toks) - 1)
             if self.policy is not None:

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import torch
 
 from minillm import interfaces
+from minillm.distributed.device import module_device
 from minillm.kv.block_allocator import NoFreeBlocksError
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.cache import KVCache
@@ -63,7 +64,8 @@ class ModelDraftProposer:
     def __init__(self, model: LlamaModel | LayerSkipModel, num_blocks: int, block_size: int,
                  backend: interfaces.AttentionBackend, sampler: Optional[Sampler] = None) -> None:
         self.model = model
-        self.kv_cache = KVCache(model.cfg, num_blocks, block_size, dtype=model.dtype)
+        self.device = module_device(getattr(model, "target", model))     # the draft runs where its weights are
+        self.kv_cache = KVCache(model.cfg, num_blocks, block_size, dtype=model.dtype, device=self.device)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(model, self.kv_cache, backend)
         self.sampler = sampler or Sampler()
@@ -105,7 +107,8 @@ class ModelDraftProposer:
     def _generator(self, seq) -> Optional[torch.Generator]:
         if seq.seq_id not in self.generators:
             seed = seq.params.seed
-            self.generators[seq.seq_id] = make_generator(None if seed is None else seed + DRAFT_SEED_OFFSET + seq.index)
+            self.generators[seq.seq_id] = make_generator(None if seed is None else seed + DRAFT_SEED_OFFSET + seq.index,
+                                                         self.device)
         return self.generators[seq.seq_id]
 
     @torch.inference_mode()

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from minillm import interfaces
 from minillm.config import SpeculativeConfig
+from minillm.distributed.device import module_device
 from minillm.loading.loader import load_model
 from minillm.models.llama import LlamaModel
 from minillm.spec_decode.draft_model import LayerSkipModel, ModelDraftProposer
@@ -60,7 +61,7 @@ def _layer_skip(spec: SpeculativeConfig, ctx: ProposerContext) -> interfaces.Pro
 
 @register("draft_model")
 def _draft_model(spec: SpeculativeConfig, ctx: ProposerContext) -> interfaces.Proposer:
-    loaded = load_model(spec.model, ctx.target.dtype)
+    loaded = load_model(spec.model, ctx.target.dtype, device=module_device(ctx.target))
     check_same_vocabulary(ctx.target.cfg.vocab_size, ctx.tokenizer, loaded.config.vocab_size, loaded.tokenizer,
                           str(loaded.path))
     return ModelDraftProposer(loaded.model, ctx.num_blocks, ctx.block_size, ctx.backend)

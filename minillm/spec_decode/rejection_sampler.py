@@ -49,27 +49,28 @@ class RejectionSampler:
         if self.rule is not None:
             return self._per_request(target_probs, draft_token_ids, draft_probs, generators)
         R, V, kmax = len(ks), target_probs.shape[1], max(ks, default=0)
-        k_t = torch.tensor(ks, dtype=torch.long)
+        dev = target_probs.device                # every tensor of the verification on the engine's device
+        k_t = torch.tensor(ks, dtype=torch.long, device=dev)
         starts = (k_t + 1).cumsum(0) - (k_t + 1)                                   # request r's first row
         # drafts, q and p padded to [R, kmax] (padding: never accepted, never read)
-        valid = torch.arange(kmax)[None, :] < k_t[:, None]
-        drafts = torch.zeros(R, kmax, dtype=torch.long)
-        drafts[valid] = torch.tensor([t for d in draft_token_ids for t in d], dtype=torch.long)
-        rows = (starts[:, None] + torch.arange(kmax)[None, :]).clamp_max(target_probs.shape[0] - 1)
+        valid = torch.arange(kmax, device=dev)[None, :] < k_t[:, None]
+        drafts = torch.zeros(R, kmax, dtype=torch.long, device=dev)
+        drafts[valid] = torch.tensor([t for d in draft_token_ids for t in d], dtype=torch.long, device=dev)
+        rows = (starts[:, None] + torch.arange(kmax, device=dev)[None, :]).clamp_max(target_probs.shape[0] - 1)
         p_x = target_probs[rows, drafts]                                           # p_j(x_j)
         q_x = torch.ones_like(p_x)                                                 # one-hot q: q(x) = 1
         for r, q in enumerate(draft_probs):
             if q is not None and ks[r]:
-                q_x[r, :ks[r]] = q[torch.arange(ks[r]), drafts[r, :ks[r]]].to(p_x.dtype)
+                q_x[r, :ks[r]] = q[torch.arange(ks[r], device=q.device), drafts[r, :ks[r]].to(q.device)].to(p_x)
         u = torch.zeros_like(p_x)
-        u[valid] = self._uniforms(ks, generators, p_x.dtype)
+        u[valid] = self._uniforms(ks, generators, p_x.dtype, dev)
         accept = (u * q_x < p_x) & valid                                           # u < min(1, p/q) for q > 0
         num_accepted = accept.long().cumprod(1).sum(1)                             # up to the first rejection
         # the final token: from the residual at the first rejection, from p_{k+1} after k acceptances
         final = target_probs[starts + num_accepted].clone()
         rejected = (num_accepted < k_t).nonzero()[:, 0].tolist()
         if rejected:
-            q_rej = torch.zeros(len(rejected), V, dtype=final.dtype)
+            q_rej = torch.zeros(len(rejected), V, dtype=final.dtype, device=dev)
             for i, r in enumerate(rejected):
                 a = int(num_accepted[r])
                 if draft_probs[r] is not None:
@@ -86,14 +87,14 @@ class RejectionSampler:
 
     @staticmethod
     def _uniforms(ks: Sequence[int], generators: Sequence[Optional[torch.Generator]],
-                  dtype: torch.dtype) -> torch.Tensor:
-        """k uniforms per request, flat in request order: a seeded request's from its own generator, the others'
-        from one call to torch's global generator."""
-        out = torch.rand(sum(ks), dtype=torch.float64)
+                  dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """k uniforms per request, flat in request order: a seeded request's from its own generator (on `device`,
+        like the draws), the others' from one call to torch's global generator."""
+        out = torch.rand(sum(ks), dtype=torch.float64, device=device)
         offset = 0
         for k, g in zip(ks, generators):
             if g is not None and k:
-                out[offset:offset + k] = torch.rand(k, generator=g, dtype=torch.float64)
+                out[offset:offset + k] = torch.rand(k, generator=g, dtype=torch.float64, device=device)
             offset += k
         return out.to(dtype)
 
@@ -103,7 +104,8 @@ class RejectionSampler:
         for drafts, q, g in zip(draft_token_ids, draft_probs, generators):
             k = len(drafts)
             if q is None:
-                q = torch.nn.functional.one_hot(torch.tensor(list(drafts), dtype=torch.long), V).to(target_probs.dtype)
+                q = torch.nn.functional.one_hot(torch.tensor(list(drafts), dtype=torch.long,
+                                                             device=target_probs.device), V).to(target_probs.dtype)
             emitted = self.rule(target_probs[start:start + k + 1], list(drafts), q, g)
             if not isinstance(emitted, (list, tuple)) or not 1 <= len(emitted) <= k + 1 \
                     or list(emitted[:-1]) != list(drafts[:len(emitted) - 1]):

@@ -92,7 +92,10 @@ class StructuredOutputManager:
         if not rows:
             return
         V = logits.shape[-1]
-        allowed = torch.stack([index.mask(state, V) for index, state in items])
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        # off the CPU each state's mask is cached on the logits' device too: no host-built mask is copied per step
+        dev = None if logits.device.type == "cpu" else logits.device
+        allowed = torch.stack([index.mask(state, V) if dev is None else index.mask(state, V, dev)
+                               for index, state in items])
+        idx = torch.as_tensor(list(rows), dtype=torch.long, device=dev)
         with torch.inference_mode():         # the model's logits are an inference tensor
             logits[idx] = logits[idx].masked_fill(~allowed.to(logits.device), float("-inf"))

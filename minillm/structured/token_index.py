@@ -127,16 +127,19 @@ class TokenIndex:
         """The text is a full match and no token can extend it: only EOS is left."""
         return self.is_accepting(state) and len(self.allowed[state]) == 0
 
-    def mask(self, state: int, size: int | None = None):
+    def mask(self, state: int, size: int | None = None, device=None):
         """A bool tensor [size or vocab_size], True where allowed (cached per state; ids past vocab_size, e.g. a
         padded embedding's, are never allowed). The MASK_CACHE_SIZE most recently used masks are kept (one is a
-        vocabulary's worth of bytes)."""
+        vocabulary's worth of bytes). `device` (a GPU): the mask kept there, copied once from the host's."""
         import torch
-        key = (state, size)
+        key = (state, size) if device is None else (state, size, str(device))
         m = self._masks.get(key)
         if m is None:
-            m = torch.zeros(max(size or 0, self.vocab_size), dtype=torch.bool)[:size or self.vocab_size]
-            m[torch.from_numpy(self.allowed_token_ids(state).astype(np.int64))] = True
+            if device is not None:
+                m = self.mask(state, size).to(device)
+            else:
+                m = torch.zeros(max(size or 0, self.vocab_size), dtype=torch.bool)[:size or self.vocab_size]
+                m[torch.from_numpy(self.allowed_token_ids(state).astype(np.int64))] = True
             self._masks[key] = m
             if len(self._masks) > MASK_CACHE_SIZE:
                 self._masks.popitem(last=False)

@@ -22,7 +22,9 @@ from minillm.kernels import cpu_decode
 from minillm.kv.cache import KVCache, pool_dtype
 from minillm.kv.metadata import AttentionMetadata, build_metadata
 from minillm.layers.attention import CpuAttentionBackend, get_attention_backend
+from minillm.layers.rotary import RotaryEmbedding
 from minillm.models.llama import ForwardContext, LlamaModel
+from minillm.worker.cuda_graphs import CudaGraphs, capture_sizes, graphs_apply
 
 
 @dataclass
@@ -41,7 +43,43 @@ class StepInputs:
         qs = self.query_lens[seqs]
         start = sum(self.query_lens[:seqs.start or 0])
         return build_metadata(qs, self.seq_lens[seqs], self.slot_mapping[start:start + sum(qs)],
-                              self.block_tables[seqs], block_size)
+                              self.block_tables[seqs], block_size, device=self.slot_mapping.device)
+
+    def to_device(self, device: torch.device, block_size: int) -> tuple["StepInputs", AttentionMetadata, torch.Tensor]:
+        """This step on `device` in one host-to-device copy: ids, positions, slots, the padded block tables, the
+        sequence lengths, the sample rows and the decode rows' indices are packed into one pinned int64 buffer on
+        the host and moved with one non-blocking copy; everything the step reads on the device is a view of it.
+        Returns (the inputs with device tensors, their AttentionMetadata, the sample rows as a device index). The
+        metadata's decode rows are filled in (AttentionMetadata.memo) so that no layer copies an index over."""
+        T, S, R = len(self.input_ids), len(self.query_lens), len(self.sample_rows)
+        W = max((len(t) for t in self.block_tables), default=0)
+        starts = [0]
+        for q in self.query_lens:
+            starts.append(starts[-1] + q)
+        dec = [i for i, q in enumerate(self.query_lens) if q == 1]
+        D = len(dec)
+        rest = ([b for t in self.block_tables for b in (*t, *[0] * (W - len(t)))] + list(self.seq_lens)
+                + list(self.sample_rows) + dec + [starts[i] for i in dec])
+        host = torch.empty(3 * T + len(rest), dtype=torch.int64, pin_memory=device.type == "cuda")
+        torch.cat([self.input_ids, self.positions, self.slot_mapping, torch.tensor(rest, dtype=torch.int64)],
+                  out=host)
+        buf = host.to(device, non_blocking=True)
+        ids, pos, slots = buf[:T], buf[T:2 * T], buf[2 * T:3 * T]
+        at = 3 * T
+        tables = buf[at:at + S * W].view(S, W)
+        at += S * W
+        slens, rows = buf[at:at + S], buf[at + S:at + S + R]
+        at += S + R
+        dec_idx, dec_rows = buf[at:at + D], buf[at + D:at + 2 * D]
+        meta = AttentionMetadata(list(self.query_lens), list(self.seq_lens), slots, tables, block_size)
+        if D:
+            every = D == S
+            meta.memo("decode_rows", lambda: ([starts[i] for i in dec], tables if every else tables[dec_idx],
+                                              slens if every else slens[dec_idx]))
+            meta.memo("decode_row_index", lambda: dec_rows)
+        moved = StepInputs(ids, pos, self.query_lens, self.seq_lens, slots, self.block_tables, self.block_copies,
+                           self.sample_rows)
+        return moved, meta, rows
 
     def pack(self) -> torch.Tensor:
         """One int64 tensor: [T, S, copies, rows, ids, positions, slots, qlens, slens, table lengths, tables,
@@ -82,6 +120,19 @@ class ModelRunner:
         self.model, self.kv_cache, self.backend = model, kv_cache, backend
         self.comm = comm or Communicator()
         self.pipeline, self.micro_batches, self.driver = pipeline, max(1, micro_batches), driver
+        self.device = kv_cache.k.device          # where the pool is, the step runs
+        self.cuda_graphs: CudaGraphs | None = None
+
+    def capture_cuda_graphs(self, max_model_len: int, max_num_seqs: int) -> bool:
+        """Capture decode steps as CUDA graphs (worker/cuda_graphs.py) where they apply: a CUDA pool with a spare
+        block for padding rows, one rank, minillm's Triton backend, a RoPE with a fixed table. Returns whether it
+        did; steps it does not cover (prefill, mixed, verification, larger batches) run eagerly."""
+        if not graphs_apply(self.model, self.kv_cache, self.backend, self.comm.world_size, self.pipeline):
+            return False
+        self.cuda_graphs = CudaGraphs(self.model, self.kv_cache, self.backend, capture_sizes(max_num_seqs),
+                                      max_model_len)
+        self.cuda_graphs.capture()
+        return True
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Run the step on every rank; the logits of inputs.sample_rows [rows, V] (fp32)."""
@@ -98,6 +149,8 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run one step on this rank; the logits of inputs.sample_rows on rank 0 (None on the others)."""
         self.kv_cache.copy_blocks(inputs.block_copies)
+        if self.device.type != "cpu" or self.cuda_graphs is not None:   # graphs: CUDA only, or a test's emulation
+            return self._device_forward(inputs)
         if self.pipeline and self.comm.world_size > 1:
             return self._pipeline_forward(inputs)
         meta = inputs.metadata(self.kv_cache.block_size)
@@ -108,6 +161,31 @@ class ModelRunner:
         if not inputs.sample_rows:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inputs.sample_rows])
+
+    def _device_forward(self, inputs: StepInputs) -> torch.Tensor | None:
+        """forward() off the CPU: a decode step a captured CUDA graph covers replays it; any other step moves its
+        inputs in one copy (StepInputs.to_device) and runs the layers."""
+        if self.pipeline and self.comm.world_size > 1:
+            moved, _, _ = inputs.to_device(self.device, self.kv_cache.block_size)
+            return self._pipeline_forward(moved)
+        graphs = self.cuda_graphs
+        hidden = graphs.run(inputs) if graphs is not None and graphs.backend is self.backend else None
+        if hidden is not None:
+            return self.model.compute_logits(hidden)
+        moved, meta, rows = inputs.to_device(self.device, self.kv_cache.block_size)
+        ctx = ForwardContext(meta, self.kv_cache, self.backend)
+        rotary = getattr(self.model, "rotary", None)
+        if isinstance(rotary, RotaryEmbedding) and rotary.rope_type != "dynamic":
+            # RoPE from a table sized on the host (the furthest position is known here): the layers need not read
+            # the positions back from the device to size it
+            cos, sin = rotary.tables(max(inputs.seq_lens), self.device)
+            ctx.cos, ctx.sin = cos[moved.positions], sin[moved.positions]
+        hidden = self.model(moved.input_ids, moved.positions, ctx)
+        if not inputs.sample_rows:
+            return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
+        if inputs.sample_rows != list(range(hidden.shape[0])):
+            hidden = hidden.index_select(0, rows)
+        return self.model.compute_logits(hidden)
 
     def _pipeline_forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """GPipe-style within one step: the batch is cut into micro-batches (whole sequences); stage s runs
@@ -120,37 +198,42 @@ class ModelRunner:
             ctx = ForwardContext(meta, self.kv_cache, self.backend)
             hidden = None
             if stage > 0:
-                hidden = comm.recv(torch.empty(t1 - t0, H, dtype=self.model.dtype), stage - 1)
+                hidden = comm.recv(torch.empty(t1 - t0, H, dtype=self.model.dtype, device=self.device), stage - 1)
             x = self.model(inputs.input_ids[t0:t1], inputs.positions[t0:t1], ctx, hidden)
             if stage < last:
                 x = x.contiguous()
                 pending.append((comm.send(x, stage + 1), x))   # x stays referenced until the send is done
             elif rows:
-                lg = self.model.compute_logits(x[[r - t0 for r in rows]]).contiguous()
+                lg = self.model.compute_logits(x[torch.tensor([r - t0 for r in rows], device=x.device)]).contiguous()
                 pending.append((comm.send(lg, 0), lg))
             counts.append(len(rows))
         for work, _ in pending:
             work.wait()
         if stage != 0:
             return None
-        out = [comm.recv(torch.empty(n, V, dtype=torch.float32), last) for n in counts if n]
-        return torch.cat(out) if out else torch.empty(0, V)
+        out = [comm.recv(torch.empty(n, V, dtype=torch.float32, device=self.device), last) for n in counts if n]
+        return torch.cat(out) if out else torch.empty(0, V, device=self.device)
 
 
 def build_runner(model: LlamaModel, config: EngineConfig, num_blocks: int, comm: Communicator | None = None,
-                 driver: "interfaces.StepDriver | None" = None) -> ModelRunner:
-    """A rank's runner over a fresh KV pool of num_blocks blocks, as `config` describes it: every rank of an engine
-    (rank 0 in LLMEngine, the others in executor/workers.py) is built here."""
+                 driver: "interfaces.StepDriver | None" = None, device: torch.device | None = None) -> ModelRunner:
+    """A rank's runner over a fresh KV pool of num_blocks blocks on `device` (default: the CPU), as `config`
+    describes it: every rank of an engine (rank 0 in LLMEngine, the others in executor/workers.py) is built here.
+    A CUDA pool that may take CUDA graphs keeps one spare block past num_blocks for the padding rows of a graph's
+    batch to write into (the block manager never hands it out)."""
     cc, par = config.cache, config.parallel
     kv_dtype = pool_dtype(cc.kv_cache_dtype, model.dtype)
+    device = torch.device("cpu") if device is None else device
+    spare = int(device.type == "cuda" and not config.enforce_eager and par.world_size == 1)
     try:
-        kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=kv_dtype)
+        kv_cache = KVCache(model.kv_cfg, num_blocks, cc.block_size, dtype=kv_dtype, device=device,
+                           spare_blocks=spare)
     except (MemoryError, ValueError, RuntimeError) as e:   # numpy/torch refuse a size past memory or index range
         per_block = KVCache.bytes_per_block(model.kv_cfg, cc.block_size, kv_dtype)
         raise ValueError(f"cannot reserve a KV pool of {num_blocks} blocks x {per_block} bytes "
                          f"({num_blocks * per_block / 2**30:.4g} GiB): {e}; lower kv_cache_memory "
                          "(--kv-cache-memory) or num_blocks") from None
-    return ModelRunner(model, kv_cache, get_attention_backend(config.attention_backend), comm,
+    return ModelRunner(model, kv_cache, get_attention_backend(config.attention_backend, device, cc.block_size), comm,
                        pipeline=par.pipeline_parallel_size > 1,
                        micro_batches=par.pipeline_micro_batches or par.pipeline_parallel_size, driver=driver)
 

@@ -16,13 +16,14 @@
    matmuls and the attention per layer, 30-100 us each at batch 1); entering an OpenMP region for each let the
    workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
    wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (six per
-   layer; nine with the int16 GEMM). Every thread keeps its own copy of the residual stream and quantizes each
+   layer; nine with the tiles). Every thread keeps its own copy of the residual stream and quantizes each
    matmul's input itself (a few microseconds, cheaper than another barrier): the copies are bitwise equal, being
    the same code on the same inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
    and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
 
-   Batched decode steps (cpu_qgemm.BATCHED_MIN_ROWS rows and more) run the matmuls on int16_gemm.c's packed copies
-   instead, as the layers' batched path does. There the row kernel's trick inverts: quantizing all rows in every
+   Batched decode steps (cpu_qgemm.BATCHED_MIN_ROWS rows and more) run the matmuls on qgemm.c's tiles instead (the
+   same arithmetic, each weight block widened once for all rows), at any number of rows, so a verification's k + 1
+   rows and a batch's rows get the arithmetic a plain step of them would. There the row kernel's trick inverts: quantizing all rows in every
    thread would repeat 48 rows x 1536 inputs per matmul, so the team splits the rows for the norms, SiLU and
    quantization (each row normed and quantized in one pass, into codes every thread reads after a barrier) and
    splits each matmul's 24-column blocks. Same kernels, one Python call: at 48 rows on SmolLM2 the step went from
@@ -57,10 +58,10 @@ void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_h
                                int64_t max_blocks, int64_t block_size, float scale, float *out,
                                int64_t out_row_stride, int64_t out_head_stride, int64_t task);
 
-int minillm_int16_quantize_row(const float *x, int64_t K, int16_t *p, float *sx);
-void minillm_int16_gemm_blocks(const int16_t *p, int64_t m0, int64_t m1, int64_t K, const float *sx,
-                               const int16_t *wp, const float *sw, int64_t N, int64_t nb0, int64_t nb1, float *y,
-                               int64_t ldy);
+int minillm_qgemm_finite(const float *x, int64_t K);
+void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, const float *as, int64_t m0, int64_t m1,
+                                int64_t K, int64_t G, const uint8_t *wt, const uint16_t *d, const uint16_t *mn,
+                                int64_t nb0, int64_t nb1, float *y, int64_t ldy);
 
 /* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4). */
 typedef struct {
@@ -79,19 +80,20 @@ typedef struct {
     float eps, scale;
 } mll_dims;
 
-/* The same matrix packed for int16_gemm.c (cpu_int16.PackedInt16): n_pad = n rounded up to 24 columns. */
+/* The same matrix in qgemm.c's tiles (cpu_qgemm.PackedTiles): its own codes reordered, n_pad = n rounded up to 24
+   columns; mins NULL for int8. */
 typedef struct {
-    const int16_t *tiles;
-    const float *scales;
-    int64_t n_pad;
-} mll_i16;
+    int64_t kind, group, n_pad;
+    const uint8_t *tiles;
+    const uint16_t *scales, *mins;
+} mll_tiles;
 
 typedef struct {
-    mll_i16 qkv, o, gate_up, down;
-} mll_layer16;
+    mll_tiles qkv, o, gate_up, down;
+} mll_layer_tiles;
 
-#define TN16 24
-#define PAD16(n) (((n) + TN16 - 1) / TN16 * TN16)
+#define TN 24
+#define PAD_TN(n) (((n) + TN - 1) / TN * TN)
 
 
 static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
@@ -172,20 +174,20 @@ static int check_rows(int64_t M, const int64_t *ids, int64_t vocab, int64_t num_
 
 /* What every thread of the step reads: the step's shapes, its shared buffers and the team's barrier. */
 typedef struct {
-    int64_t M, Mp, E, I, H, KV, D, G, num_slots, max_blocks, block_size, layer_floats;
+    int64_t M, E, I, H, KV, D, G, num_slots, max_blocks, block_size, layer_floats;
     float eps, scale;
     const mll_layer *layers;
-    const mll_layer16 *packed;           /* int16 mode: the layers' packed copies; NULL: the qgemm.c row kernel */
+    const mll_layer_tiles *tiles;        /* tiles mode: the layers' tiles; NULL: the qgemm.c row kernel */
     const float *cos, *sin;
     float *k_pool, *v_pool;
     const int64_t *slot_mapping, *block_tables, *seq_lens, *rows;
     float *big, *mid, *out;              /* qkv then gate|up; attention out (then silu*up); the o and down outputs */
     int64_t ldq, ldg, lde;               /* row strides of big holding qkv, big holding gate|up, out */
-    int16_t *p16;                        /* int16 mode: the activation codes [Mp, kmax] all threads share ... */
-    float *sx16;                         /* ... and their scales per 64 inputs (rows past M stay 0) */
+    int16_t *taq;                        /* tiles mode: the activation codes [M, kmax] all threads share, their ... */
+    float *tad, *tas, *tgs;              /* ... block scales, scaled block sums and group sums [M, kmax / 32] */
     int rows_share;                      /* rows of one sequence (a verification's k + 1): store all, then attend */
     atomic_long next_task, next_attend;
-    atomic_int bad;                      /* int16 mode: an activation was NaN or inf */
+    atomic_int bad;                      /* tiles mode: an activation was NaN or inf */
     spin_barrier bar;
 } step_ctx;
 
@@ -264,7 +266,7 @@ static void layer_qgemm(step_ctx *c, int64_t l, scratch *sc, int t, int nt, int 
     add_rows(sc->x, c->out, M, E, E);
 }
 
-/* int16 mode, one matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
+/* tiles mode, one matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
    is computed) and quantized into the shared codes; then the barrier, after which every thread sees whether any
    row was NaN/inf (returns 1: the whole team leaves the step together). */
 typedef const float *(*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
@@ -290,45 +292,47 @@ static const float *row_silu(const step_ctx *c, int64_t l, int64_t m, const floa
     return tmp;
 }
 
-static int quantize16(step_ctx *c, int64_t l, row_fn make, int64_t K, const scratch *sc, float *tmp, int64_t r0,
-                      int64_t r1, int *sense) {
-    const int64_t nchunks = (K + 63) / 64;
+static int quantize_shared(step_ctx *c, int64_t l, row_fn make, int64_t K, const scratch *sc, float *tmp,
+                           int64_t r0, int64_t r1, int *sense) {
+    const int64_t nb = K / 32;
     int bad = 0;
-    for (int64_t m = r0; m < r1; m++)
-        bad |= minillm_int16_quantize_row(make(c, l, m, sc->x + m * c->E, tmp), K, c->p16 + m * K,
-                                          c->sx16 + m * nchunks);
+    for (int64_t m = r0; m < r1; m++) {
+        const float *row = make(c, l, m, sc->x + m * c->E, tmp);
+        bad |= !minillm_qgemm_finite(row, K);
+        minillm_qgemm_quantize(row, 1, K, K, 32, c->taq + m * K, c->tad + m * nb, c->tas + m * nb, c->tgs + m * nb);
+    }
     if (bad) atomic_store(&c->bad, 1);
     barrier(&c->bar, sense);
     return atomic_load(&c->bad);
 }
 
-/* This thread's share of an int16 matmul: an equal run of its 24-column blocks, all rows. */
-static void gemm16(const step_ctx *c, const mll_i16 *w, int64_t K, float *y, int64_t ldy, int t, int nt) {
-    const int64_t nblocks = w->n_pad / TN16;
-    minillm_int16_gemm_blocks(c->p16, 0, c->Mp, K, c->sx16, w->tiles, w->scales, w->n_pad, t * nblocks / nt,
-                              (t + 1) * nblocks / nt, y, ldy);
+/* This thread's share of a matmul on tiles: an equal run of its 24-column blocks, all rows. */
+static void gemm_tiles(const step_ctx *c, const mll_tiles *w, int64_t K, float *y, int64_t ldy, int t, int nt) {
+    const int64_t nblocks = w->n_pad / TN;
+    minillm_qgemm_tiles_blocks((int)w->kind, c->taq, c->tad, c->tas, 0, c->M, K, w->group, w->tiles, w->scales,
+                               w->mins, t * nblocks / nt, (t + 1) * nblocks / nt, y, ldy);
 }
 
-/* Batched rows: int16_gemm.c on the packed copies. Rows are split over the team for the norms, SiLU and
-   quantization (each input quantized once, into codes all threads read), and each matmul's 24-column blocks. */
-static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, int nt, int *sense) {
-    const mll_layer16 *pk = c->packed + l;
+/* Batched rows: qgemm.c's tiles. Rows are split over the team for the norms, SiLU and quantization (each input
+   quantized once, into codes all threads read), and each matmul's 24-column blocks. */
+static int layer_tiles(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, int nt, int *sense) {
+    const mll_layer_tiles *pk = c->tiles + l;
     const int64_t M = c->M, E = c->E, per = (M + nt - 1) / nt;
     const int64_t r0 = t * per < M ? t * per : M, r1 = (t + 1) * per < M ? (t + 1) * per : M;
-    if (quantize16(c, l, row_input_norm, E, sc, tmp, r0, r1, sense)) return 1;
-    gemm16(c, &pk->qkv, E, c->big, c->ldq, t, nt);
+    if (quantize_shared(c, l, row_input_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    gemm_tiles(c, &pk->qkv, E, c->big, c->ldq, t, nt);
     barrier(&c->bar, sense);
     attention(c, l, sense);
     barrier(&c->bar, sense);
-    if (quantize16(c, l, row_attn_out, c->H * c->D, sc, tmp, r0, r1, sense)) return 1;
-    gemm16(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
+    if (quantize_shared(c, l, row_attn_out, c->H * c->D, sc, tmp, r0, r1, sense)) return 1;
+    gemm_tiles(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
     add_rows(sc->x, c->out, M, E, c->lde);
-    if (quantize16(c, l, row_post_norm, E, sc, tmp, r0, r1, sense)) return 1;
-    gemm16(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
+    if (quantize_shared(c, l, row_post_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    gemm_tiles(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
     barrier(&c->bar, sense);
-    if (quantize16(c, l, row_silu, c->I, sc, tmp, r0, r1, sense)) return 1;
-    gemm16(c, &pk->down, c->I, c->out, c->lde, t, nt);
+    if (quantize_shared(c, l, row_silu, c->I, sc, tmp, r0, r1, sense)) return 1;
+    gemm_tiles(c, &pk->down, c->I, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
     add_rows(sc->x, c->out, M, E, c->lde);
     return 0;
@@ -338,13 +342,13 @@ static int layer_int16(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, i
    step looks ids[m] up in the quantized embedding itself). cos/sin: [M, head_dim]. k_pool/v_pool: this step's
    layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is one token: its new K/V go to slot_mapping[m], it
    attends over seq_lens[m] positions through block_tables[m]; rows_share: some rows are tokens of one sequence
-   (each with its own seq_len: causal), so all are stored before any attends. `packed` (one per layer, or NULL): run the matmuls
-   on int16_gemm.c's packed copies (batched rows) instead of qgemm.c's row kernel. Returns 0; -1 when scratch
-   memory cannot be allocated; check_rows' codes for rows outside the pool (nothing is written then); -6 in int16
-   mode when an activation is NaN or inf (the pool slots of this step's rows may have been written: the caller
+   (each with its own seq_len: causal), so all are stored before any attends. `tiles` (one per layer, or NULL): run
+   the matmuls on qgemm.c's tiles (batched rows) instead of its row kernel. Returns 0; -1 when scratch memory
+   cannot be allocated; check_rows' codes for rows outside the pool (nothing is written then); -6 in tiles mode
+   when an activation is NaN or inf (the pool slots of this step's rows may have been written: the caller
    runs the layers, which write them again, and whose float fallback propagates the NaN). */
 int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qlinear *embed, const mll_layer *layers,
-                        const mll_layer16 *packed, int64_t L, const mll_dims *dims, const float *final_norm,
+                        const mll_layer_tiles *tiles, int64_t L, const mll_dims *dims, const float *final_norm,
                         const float *cos, const float *sin, float *k_pool, float *v_pool, int64_t num_slots,
                         const int64_t *slot_mapping, const int64_t *block_tables, int64_t max_blocks,
                         const int64_t *seq_lens, int64_t block_size, int nthreads, int rows_share) {
@@ -353,33 +357,33 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
     if (bad) return bad;
     const int64_t E = dims->hidden, I = dims->intermediate, H = dims->num_heads, KV = dims->num_kv_heads,
                   D = dims->head_dim, NQKV = (H + 2 * KV) * D;
-    const int i16 = packed != NULL;
-    const int64_t Mp = i16 ? (M + 3) / 4 * 4 : M;          /* int16 tiles are 4 rows: outputs get padding rows */
-    const int64_t ldq = i16 ? PAD16(NQKV) : NQKV, ldg = i16 ? PAD16(2 * I) : 2 * I, lde = i16 ? PAD16(E) : E;
+    const int tm = tiles != NULL;                           /* tiles write whole 24-column blocks: padded strides */
+    const int64_t ldq = tm ? PAD_TN(NQKV) : NQKV, ldg = tm ? PAD_TN(2 * I) : 2 * I, lde = tm ? PAD_TN(E) : E;
     const int64_t widest = ldq > ldg ? ldq : ldg, mid_w = H * D > I ? H * D : I;
     const int64_t kmax = E > mid_w ? E : mid_w, nb = kmax / 32;
     if (nthreads < 1) nthreads = 1;
-    float *big = malloc(sizeof(float) * (size_t)(Mp * widest));
-    float *mid = malloc(sizeof(float) * (size_t)(Mp * mid_w));
-    float *out = malloc(sizeof(float) * (size_t)(Mp * lde));
+    float *big = malloc(sizeof(float) * (size_t)(M * widest));
+    float *mid = malloc(sizeof(float) * (size_t)(M * mid_w));
+    float *out = malloc(sizeof(float) * (size_t)(M * lde));
     int64_t *rows = malloc(sizeof(int64_t) * (size_t)M);
     /* per thread: its residual copy, normed input, qgemm's block scales and group sums; a row of the next input */
     const size_t floats_per_thread = (size_t)(2 * M * E + 3 * M * nb + kmax);
     float *fbuf = malloc(sizeof(float) * floats_per_thread * (size_t)nthreads);
-    int16_t *qbuf = i16 ? NULL : malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
-    int16_t *p16 = i16 ? calloc((size_t)(Mp * kmax), sizeof(int16_t)) : NULL;
-    float *sx16 = i16 ? calloc((size_t)(Mp * ((kmax + 63) / 64)), sizeof(float)) : NULL;
-    if (!big || !mid || !out || !rows || !fbuf || (i16 ? !p16 || !sx16 : !qbuf)) {
-        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(p16); free(sx16);
+    int16_t *qbuf = tm ? NULL : malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
+    int16_t *taq = tm ? malloc(sizeof(int16_t) * (size_t)(M * kmax)) : NULL;
+    float *tsc = tm ? malloc(sizeof(float) * (size_t)(3 * M * nb)) : NULL;    /* tad, tas, tgs */
+    if (!big || !mid || !out || !rows || !fbuf || (tm ? !taq || !tsc : !qbuf)) {
+        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(taq); free(tsc);
         return -1;
     }
     for (int64_t m = 0; m < M; m++) rows[m] = m;
-    step_ctx c = {.M = M, .Mp = Mp, .E = E, .I = I, .H = H, .KV = KV, .D = D, .G = H / KV,
+    step_ctx c = {.M = M, .E = E, .I = I, .H = H, .KV = KV, .D = D, .G = H / KV,
                   .num_slots = num_slots, .max_blocks = max_blocks, .block_size = block_size,
                   .layer_floats = KV * num_slots * D, .eps = dims->eps, .scale = dims->scale, .layers = layers,
-                  .packed = packed, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
+                  .tiles = tiles, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
                   .slot_mapping = slot_mapping, .block_tables = block_tables, .seq_lens = seq_lens, .rows = rows,
-                  .big = big, .mid = mid, .out = out, .ldq = ldq, .ldg = ldg, .lde = lde, .p16 = p16, .sx16 = sx16};
+                  .big = big, .mid = mid, .out = out, .ldq = ldq, .ldg = ldg, .lde = lde, .taq = taq, .tad = tsc,
+                  .tas = tsc ? tsc + M * nb : NULL, .tgs = tsc ? tsc + 2 * M * nb : NULL};
     c.rows_share = rows_share;
     atomic_init(&c.next_task, 0);
     atomic_init(&c.next_attend, 0);
@@ -414,8 +418,8 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                 atomic_store(&c.next_task, 0);
                 atomic_store(&c.next_attend, 0);
             }
-            if (i16)
-                stopped = layer_int16(&c, l, &sc, tmp, t, nt, &sense);
+            if (tm)
+                stopped = layer_tiles(&c, l, &sc, tmp, t, nt, &sense);
             else
                 layer_qgemm(&c, l, &sc, t, nt, &sense);
         }
@@ -426,6 +430,6 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                 memcpy(x, sc.x, sizeof(float) * (size_t)(M * E));
         }
     }
-    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(p16); free(sx16);
+    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(taq); free(tsc);
     return atomic_load(&c.bad) ? -6 : 0;
 }

@@ -16,9 +16,10 @@
    1.5x the instructions of the byte version -- still far below what streaming the weights costs at batch 1.
    The pair sums fit int32 with room to spare (2 * 127 * 32767).
 
-   Work is split over output rows with an OpenMP team (torch's own pool, see cpu_native.py); each thread
-   runs every activation row against its share of the weight rows, four weight rows at a time (so a block of
-   activations is loaded once for four dot products, and four FMA chains are in flight). Without AVX2 (or with
+   Work is split over output rows with an OpenMP team (torch's own pool, see cpu_native.py). One activation row
+   runs against the thread's share of the weight rows four weight rows at a time (so a block of activations is
+   loaded once for four dot products, and four FMA chains are in flight); two or more rows share each widened
+   weight block instead (row_many), with the same sums in the same order. Without AVX2 (or with
    MINILLM_QGEMM_SCALAR defined) a plain C loop computes the same sums.
 
    What made it fast (SmolLM2's 576-wide layers, 1 thread, Zen 3; 53M int4 weights: 10 ms -> 2.6 ms): no integer
@@ -64,14 +65,50 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* x row -> int8 codes, scale per block, and scale * sum of codes per block. Round half to even, like
+/* A block whose step is below this (its largest value under ~1e-34) gets codes 0: 1 / step would overflow to inf
+   and the codes to garbage. formats.quantize_activations holds the same rule. */
+#define FLT_MIN_STEP 3.0e-39f     /* 1 / 3e-39 = 3.3e38 < FLT_MAX */
+
+/* x row -> int16 codes, scale per block, and scale * sum of codes per block. Round half to even, like
    torch.round, so minillm.quant.formats.quantize_activations gives the same codes. */
 static void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float *s) {
+#if QG_AVX2
+    /* the same codes 8 lanes at a time (cvtps rounds half to even, as nearbyintf): a batched step quantizes every
+       matmul input of every row, and the scalar loop took ~7 % of a 16-row decode step */
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i hi = _mm256_set1_epi32(32767), lo = _mm256_set1_epi32(-32767);
+    for (int64_t b = 0; b < K / QB; b++) {
+        const float *xb = x + b * QB;
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], absmask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float db = _mm_cvtss_f32(m4) / 32767.0f, inv = db > FLT_MIN_STEP ? 1.0f / db : 0.0f;
+        const __m256 vi = _mm256_set1_ps(inv);
+        __m256i c[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            c[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], vi)), lo), hi);
+            sum = _mm256_add_epi32(sum, c[i]);
+        }
+        _mm256_storeu_si256((__m256i *)(q + b * QB), _mm256_permute4x64_epi64(_mm256_packs_epi32(c[0], c[1]), 0xD8));
+        _mm256_storeu_si256((__m256i *)(q + b * QB + 16),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2], c[3]), 0xD8));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        d[b] = db;
+        s[b] = db * (float)_mm_cvtsi128_si32(s4);
+    }
+#else
     for (int64_t b = 0; b < K / QB; b++) {
         const float *xb = x + b * QB;
         float amax = 0.0f;
         for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        float db = amax / 32767.0f, inv = db > 0.0f ? 1.0f / db : 0.0f;
+        float db = amax / 32767.0f, inv = db > FLT_MIN_STEP ? 1.0f / db : 0.0f;
         int sum = 0;
         for (int i = 0; i < QB; i++) {
             float v = nearbyintf(xb[i] * inv);
@@ -82,6 +119,7 @@ static void quantize_row(const float *x, int64_t K, int16_t *q, float *d, float 
         d[b] = db;
         s[b] = db * (float)sum;
     }
+#endif
 }
 
 #if QG_AVX2
@@ -241,6 +279,148 @@ static void four_rows(const uint8_t *w, int64_t row_bytes, const uint16_t *sc, c
 }
 #endif
 
+#if QG_AVX2
+/* One weight row against R activation rows (1 <= R <= MR): each block of weights is widened once for all R rows.
+   Every (weight row, activation row) pair keeps one accumulator over the blocks in order and is reduced in
+   hsum4x8's order, so each output equals what four_rows gives that activation row alone, bit for bit: a
+   verification's rows, or a small batch, decode exactly as the rows would one at a time. One weight row, not four:
+   four rows x R activation rows of accumulators spilled AVX2's 16 registers (the measurement in minillm_qgemm);
+   here R accumulators, two widened halves and a product fit. R is a constant in each instance (row_many_r). */
+#define MR 8
+static inline __attribute__((always_inline)) void row_many(
+        const uint8_t *w, const uint16_t *sc, const uint16_t *mn, int64_t K, int64_t G, const int R, const int16_t *aq,
+        const float *ad, const float *gs, float *y, int64_t y_stride, int64_t prefetch_bytes) {
+    const int64_t nb = K / QB, per_group = G / QB, ng = K / G;
+    const int q4 = mn != NULL;
+    const int64_t wstride = q4 ? QB / 2 : QB;
+    float fac[MR * CHUNK_BLOCKS];
+    __m256 acc[MR];
+    for (int m = 0; m < R; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < nb; c0 += CHUNK_BLOCKS) {
+        const int64_t n = nb - c0 < CHUNK_BLOCKS ? nb - c0 : CHUNK_BLOCKS;
+        for (int m = 0; m < R; m++) factors(sc, ad + m * nb, c0, n, per_group, fac + m * CHUNK_BLOCKS);
+        const uint8_t *q = w + c0 * wstride;
+        for (int64_t i = 0; i < n; i++, q += wstride) {
+            __m256i w0, w1;
+            widen(q4, q, &w0, &w1);
+            for (int m = 0; m < R; m++) {
+                const int16_t *a = aq + m * K + (c0 + i) * QB;
+                acc[m] = _mm256_fmadd_ps(dot_block(w0, w1, load16(a), load16(a + 16)),
+                                         _mm256_broadcast_ss(fac + m * CHUNK_BLOCKS + i), acc[m]);
+            }
+            if (((i * wstride) & 63) == 0) _mm_prefetch((const char *)(q + prefetch_bytes), _MM_HINT_T0);
+        }
+    }
+    for (int m = 0; m < R; m += 4) {
+        const __m256 z = _mm256_setzero_ps();
+        float s[4];
+        _mm_storeu_ps(s, hsum4x8(acc[m], m + 1 < R ? acc[m + 1] : z, m + 2 < R ? acc[m + 2] : z,
+                                 m + 3 < R ? acc[m + 3] : z));
+        for (int j = 0; j < 4 && m + j < R; j++)
+            y[(m + j) * y_stride] = q4 ? s[j] + min_term(mn, gs + (m + j) * ng, ng) : s[j];
+    }
+}
+
+#define ROW_MANY(R) \
+static void row_many_##R(const uint8_t *w, const uint16_t *sc, const uint16_t *mn, int64_t K, int64_t G, \
+                         const int16_t *aq, const float *ad, const float *gs, float *y, int64_t y_stride, \
+                         int64_t pf) { \
+    row_many(w, sc, mn, K, G, R, aq, ad, gs, y, y_stride, pf); \
+}
+ROW_MANY(2) ROW_MANY(3) ROW_MANY(4) ROW_MANY(5) ROW_MANY(6) ROW_MANY(7) ROW_MANY(8)
+#undef ROW_MANY
+
+typedef void (*row_many_fn)(const uint8_t *, const uint16_t *, const uint16_t *, int64_t, int64_t, const int16_t *,
+                            const float *, const float *, float *, int64_t, int64_t);
+static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_many_3, row_many_4, row_many_5,
+                                                row_many_6, row_many_7, row_many_8};
+#endif
+
+/* Many rows (3 and more: batched decode, a verification's k + 1 tokens, prefill chunks up to TILES_MAX_ROWS in
+   cpu_qgemm.py): the same arithmetic -- the activations' int16 codes per block of 32, the weights' own int4 / int8
+   codes, exact integer sums per block, the scales applied per block in float -- with each weight block widened once
+   for every row, through int16_gemm.c's 4-row x 24-column register tile (minillm_int16_tile_sums). The weights stay
+   in their own bytes, reordered into tiles (cpu_qgemm.pack_tiles): per 24-column block and block of 32 inputs (16
+   input pairs), entry [j][v][i] is column 8v + i/2, input i%2 of pair j; int4 keeps pair j in the low nibble and pair
+   j + 8 in the high one (8 x 3 x 16 bytes), int8 one pair per entry (16 x 3 x 16 bytes). A step of a few rows is
+   bound by the weight bytes it streams (0.56 per int4 weight here, where a 13-bit copy streams 2), and the outputs
+   differ from the row kernel's only by the order of float additions. */
+#define TM 4
+#define TN 24
+#define Q4_TILE_BYTES (8 * 3 * 16)
+#define Q8_TILE_BYTES (16 * 3 * 16)
+void minillm_int16_tile_sums(const int16_t *p, int64_t K, int64_t npairs, const int16_t *w, int32_t acc[4][24],
+                             int rows);
+
+#if QG_AVX2
+/* One block of 32 inputs of a 24-column block's tiles as int16 [16 pairs][24][2], the layout the tile sums read. */
+static void widen_tiles(int q4, const uint8_t *wb, int16_t *w) {
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    for (int j = 0; j < (q4 ? 8 : 16); j++)
+        for (int v = 0; v < 3; v++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(wb + (3 * j + v) * 16));
+            if (q4) {
+                const __m256i t = _mm256_cvtepu8_epi16(b);
+                _mm256_store_si256((__m256i *)(w + j * 2 * TN + 16 * v), _mm256_and_si256(t, low));
+                _mm256_store_si256((__m256i *)(w + (j + 8) * 2 * TN + 16 * v), _mm256_srli_epi16(t, 4));
+            } else {
+                _mm256_store_si256((__m256i *)(w + j * 2 * TN + 16 * v), _mm256_cvtepi8_epi16(b));
+            }
+        }
+}
+#endif
+
+int minillm_qgemm_tiles_available(void) { return QG_AVX2; }
+
+/* Rows [m0, m1) and 24-column blocks [nb0, nb1) of y (rows ldy apart) from the activations' codes aq [M, K], block
+   scales ad and scaled block sums as [M, K/32] (minillm_qgemm_quantize's) and the tiles wt with fp16 scales d (and
+   int4's minimums mn) per (24-column block, group, column). kind 0 = int8, 1 = int4. */
+void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, const float *as, int64_t m0, int64_t m1,
+                                int64_t K, int64_t G, const uint8_t *wt, const uint16_t *d, const uint16_t *mn,
+                                int64_t nb0, int64_t nb1, float *y, int64_t ldy) {
+#if QG_AVX2
+    const int64_t nb = K / QB, ng = K / G, per_group = G / QB, bytes = kind == 1 ? Q4_TILE_BYTES : Q8_TILE_BYTES;
+    int16_t w[16 * 2 * TN] __attribute__((aligned(32)));
+    int32_t acc[TM][TN] __attribute__((aligned(32)));
+    for (int64_t cb = nb0; cb < nb1; cb++)
+        for (int64_t b = 0; b < nb; b++) {
+            widen_tiles(kind == 1, wt + (cb * nb + b) * bytes, w);
+            const int64_t at = (cb * ng + b / per_group) * TN;       /* this block's group, in the column block */
+            __m256 dv[3], mv[3];
+            for (int v = 0; v < 3; v++) {
+                dv[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + at + 8 * v)));
+                mv[v] = kind == 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + at + 8 * v)))
+                                  : _mm256_setzero_ps();
+            }
+            for (int64_t m = m0; m < m1; m += TM) {
+                const int R = m1 - m < TM ? (int)(m1 - m) : TM;
+                minillm_int16_tile_sums(aq + m * K + QB * b, K, QB / 2, w, acc, R);
+                for (int r = 0; r < R; r++) {
+                    const __m256 f = _mm256_set1_ps(ad[(m + r) * nb + b]), s = _mm256_set1_ps(as[(m + r) * nb + b]);
+                    float *o = y + (m + r) * ldy + cb * TN;
+                    for (int v = 0; v < 3; v++) {
+                        const __m256 prev = b ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
+                        const __m256 a = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(acc[r] + 8 * v)));
+                        _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(a, _mm256_mul_ps(dv[v], f),
+                                                                     _mm256_fmadd_ps(mv[v], s, prev)));
+                    }
+                }
+            }
+        }
+#else
+    (void)kind; (void)aq; (void)ad; (void)as; (void)m0; (void)m1; (void)K; (void)G; (void)wt; (void)d; (void)mn;
+    (void)nb0; (void)nb1; (void)y; (void)ldy;
+#endif
+}
+
+/* 1 when x[0..K) is all finite: a NaN or inf would quantize to garbage codes (fmaxf skips NaN), so a caller hands
+   such rows to the float product, which propagates them. */
+int minillm_qgemm_finite(const float *x, int64_t K) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) acc += x[k] * 0.0f;      /* 0 for finite values, NaN for NaN or inf */
+    return acc == 0.0f;
+}
+
 int minillm_qgemm_simd(void) { return QG_AVX2; }
 
 /* The activations' side of a product, for rows x[0..M) (rows x_stride floats apart): int16 codes aq [M, K], block
@@ -266,6 +446,28 @@ void minillm_qgemm_rows(int kind, int64_t M, int64_t K, const void *w, const uin
                         float *y, int64_t y_stride) {
     const int64_t nb = K / QB, ng = K / G, row_bytes = kind == 1 ? K / 2 : K;
     const uint8_t *wb = (const uint8_t *)w;
+#if QG_AVX2
+    /* Two or more activation rows: up to MR of them share each widened weight block (row_many); the rows past the
+       last whole group of four weight rows still run one at a time below, as they do for a single row. */
+    const int64_t whole = n0 + (n1 - n0) / 4 * 4;
+    if (M >= 2 && whole > n0) {
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int64_t R = M - m0 < MR ? M - m0 : MR;
+            const int64_t at = m0 * K, sat = m0 * nb, gat = m0 * ng;
+            for (int64_t n = n0; n < whole; n += R == 1 ? 4 : 1) {
+                float *out = y + m0 * y_stride + n;
+                const uint8_t *wr = wb + n * row_bytes;
+                const uint16_t *mr = kind == 1 ? mins + n * ng : NULL;
+                if (R == 1)
+                    four_rows(wr, row_bytes, scales + n * ng, mr, K, G, aq + at, ad + sat, gs + gat, out);
+                else
+                    ROW_MANY_FNS[R](wr, scales + n * ng, mr, K, G, aq + at, ad + sat, gs + gat, out, y_stride,
+                                    4 * row_bytes);
+            }
+        }
+        n0 = whole;
+    }
+#endif
     for (int64_t m = 0; m < M; m++) {
         const int16_t *a = aq + m * K;
         const float *d = ad + m * nb, *s = gs + m * ng;
@@ -298,10 +500,10 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++)
         minillm_qgemm_quantize(x + m * x_stride, 1, K, x_stride, G, aq + m * K, ad + m * nb, as + m * nb, gs + m * ng);
-    /* Each thread takes an equal share of whole groups of four weight rows and runs every activation row against
-       it, one activation row after another. Measured: M rows cost M times one row; sharing one widening of the
-       weights between activation rows, or interleaving the activation rows inside a share, was 1.5-3x slower
-       (spilled accumulators). */
+    /* Each thread takes an equal share of whole groups of four weight rows (minillm_qgemm_rows). Measured on
+       SmolLM2's shapes (2 threads, Zen 4, 2026-11-29): one widening per weight block for all rows took 2 rows from
+       1.45x one row's time to 1.23-1.33x, 5 rows from 2.95x to 2.3x; a decode step of 2 sequences from 6.8 to
+       5.4 ms. From 3 rows the layers use int16_gemm.c instead (cpu_qgemm.BATCHED_MIN_ROWS). */
     const int64_t quads = (N + 3) / 4;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -311,6 +513,36 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
     }
     free(aq); free(ad); free(as); free(gs);
     return 0;
+}
+
+/* y [M, N_pad] = x [M, K] times the tiles (minillm_qgemm_tiles_blocks; N_pad a multiple of 24). Returns 0; -1 when
+   the activation scratch cannot be allocated; -2 when x holds NaN or inf (the caller's float product propagates
+   them); -3 without AVX2. */
+int minillm_qgemm_tiles(int kind, const float *x, int64_t M, int64_t K, int64_t x_stride, const uint8_t *wt,
+                        const uint16_t *d, const uint16_t *mn, int64_t G, int64_t N_pad, float *y, int nthreads) {
+    if (!QG_AVX2) return -3;
+    const int64_t nb = K / QB;
+    int16_t *aq = malloc(sizeof(int16_t) * (size_t)(M * K));
+    float *ad = malloc(sizeof(float) * (size_t)(M * nb)), *as = malloc(sizeof(float) * (size_t)(M * nb));
+    float *gs = malloc(sizeof(float) * (size_t)(M * nb));
+    int rc = !aq || !ad || !as || !gs ? -1 : 0;
+    for (int64_t m = 0; m < M && rc == 0; m++)
+        if (!minillm_qgemm_finite(x + m * x_stride, K)) rc = -2;
+    if (rc == 0) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (M * K >= 65536)
+        for (int64_t m = 0; m < M; m++)
+            minillm_qgemm_quantize(x + m * x_stride, 1, K, x_stride, QB, aq + m * K, ad + m * nb, as + m * nb,
+                                   gs + m * nb);
+        const int64_t nblocks = N_pad / TN;
+#pragma omp parallel num_threads(nthreads)
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            minillm_qgemm_tiles_blocks(kind, aq, ad, as, 0, M, K, G, wt, d, mn, t * nblocks / nt,
+                                       (t + 1) * nblocks / nt, y, N_pad);
+        }
+    }
+    free(aq); free(ad); free(as); free(gs);
+    return rc;
 }
 
 /* One row of a quantized matrix back to floats: w_row, scales_row, mins_row point at the row's codes and its groups'

@@ -1,0 +1,138 @@
+"""Calibrate the step-time model on this machine: run the real engine over a spread of batch sizes, prompt lengths
+and chunked-prefill mixes, record every step through the engine's public step observer, fit, save.
+
+Each scenario queues `batch` requests of `prompt_len` random token ids (distinct, so the prefix cache stays out of
+the measurement) and, for the mixed scenarios, a second wave of prompts a few steps later, so that prompt chunks
+share steps with running decodes: the steps the max(compute, memory) form is about. Whole scenarios are held out
+(every fourth), so the reported error is on batch/length mixes the fit never saw.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from minillm.config import EngineConfig, ModelConfig, cache_root
+from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.outputs import StepInfo
+from minillm.executor.launch import start_engine
+from minillm.fleet.step_model import StepFeatures, StepModel, StepTrace, fit
+from minillm.kv.cache import KVCache
+from minillm.models.llama import LlamaModel
+from minillm.sampling.params import SamplingParams
+
+TINY = "tiny-random"     # --model tiny-random: a 2-layer random model, for tests and a quick look at the machinery
+WARMUP_STEPS = 3         # the first steps pay for lazy initialization (kernel threads, allocator): not a step cost
+
+
+@dataclass(frozen=True)
+class Scenario:
+    batch: int
+    prompt_len: int
+    output_len: int
+    second_wave: int = 0      # prompts added after `wave_after` steps: chunks mixed with decodes
+    wave_after: int = 3
+
+
+def default_scenarios(quick: bool = False) -> list[Scenario]:
+    """A spread over batch size, prompt length and prefill/decode mix (quick: a third of it)."""
+    batches, prompts = ((1, 8, 32), (32, 256)) if quick else ((1, 4, 16, 32), (32, 128, 512))
+    out = []
+    for b in batches:
+        for p in prompts:
+            out.append(Scenario(b, p, 12))
+            out.append(Scenario(b, p, 12, second_wave=max(1, b // 2)))
+    return out
+
+
+def tiny_engine(seed: int = 0, **settings) -> LLMEngine:
+    """An engine over a 2-layer random model (vocab 128): the calibration machinery without a download."""
+    cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=192, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=16, max_position_embeddings=2048, eos_token_id=2, name=TINY)
+    torch.manual_seed(seed)
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():      # parallel layers allocate uninitialized: give them finite weights
+            p.normal_(0, 0.3) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    return LLMEngine(model.eval(), None, EngineConfig.from_kwargs(**settings))
+
+
+def build_engine(model: str, **settings) -> LLMEngine:
+    if model == TINY:
+        return tiny_engine(**settings)
+    return start_engine(model, EngineConfig.from_kwargs(**settings))[1]
+
+
+def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
+           progress: bool = True) -> list[list[StepTrace]]:
+    """Run each scenario to completion on `engine`; per scenario, the steps it took (features, wall seconds)."""
+    rng = np.random.default_rng(seed)
+    vocab = engine.model.cfg.vocab_size
+    current: list[StepTrace] = []
+
+    def observe(info: StepInfo) -> None:
+        sched = info.scheduler_output
+        # After the step the scheduler has committed: a scheduled sequence computed n tokens from (now - n).
+        feats = StepFeatures.of((s.num_computed_tokens - n, n, s.num_prompt_tokens) for s, n in sched.scheduled)
+        current.append(StepTrace(feats, info.seconds))
+
+    def add(sc: Scenario, count: int) -> None:
+        for _ in range(count):
+            ids = rng.integers(3, vocab, sc.prompt_len).tolist()
+            engine.add_request(ids, SamplingParams(max_tokens=sc.output_len, temperature=0.0, ignore_eos=True))
+
+    engine.add_step_observer(observe)
+    out: list[list[StepTrace]] = []
+    try:
+        add(Scenario(2, 16, WARMUP_STEPS), 2)
+        while engine.has_unfinished_requests():
+            engine.step()
+        bar = tqdm(scenarios, desc="calibrating", unit="scenario", disable=not progress)
+        for sc in bar:
+            current.clear()
+            engine.block_manager.reset_prefix_cache()
+            add(sc, sc.batch)
+            steps = 0
+            while engine.has_unfinished_requests():
+                engine.step()
+                steps += 1
+                if steps == sc.wave_after and sc.second_wave:
+                    add(sc, sc.second_wave)
+            out.append(list(current))
+            bar.set_postfix(steps=sum(map(len, out)))
+    finally:
+        engine.remove_step_observer(observe)
+    return out
+
+
+def default_path(model: str) -> Path:
+    """Where `calibrate` saves and `simulate` looks: the user cache dir (config.cache_root), one file a model."""
+    return cache_root() / "fleet" / f"step-model-{Path(model).name}.json"
+
+
+def calibrate(model: str = "default", engine: LLMEngine | None = None, scenarios: Sequence[Scenario] | None = None,
+              quick: bool = False, seed: int = 0, progress: bool = True, out: str | Path | None = None,
+              log: Callable[[str], None] | None = None, **settings) -> StepModel:
+    """Record, fit on 3 of every 4 scenarios, measure the error on the 4th, save (unless out=""), return."""
+    engine = engine or build_engine(model, **settings)
+    scenarios = list(scenarios or default_scenarios(quick))
+    per = record(engine, scenarios, seed, progress)
+    train = [t for i, s in enumerate(per) if i % 4 != 3 for t in s]
+    held = [t for i, s in enumerate(per) if i % 4 == 3 for t in s] or train
+    cc, sc = engine.config.cache, engine.config.scheduler
+    replica = {"num_blocks": engine.block_manager.num_blocks, "block_size": cc.block_size,
+               "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
+               "max_model_len": engine.max_model_len,
+               # what a disaggregated fleet ships per token of context, and what a host KV tier stores
+               "kv_bytes_per_token": KVCache.bytes_per_token(engine.model.cfg, engine.kv_cache.k.dtype)}
+    name = engine.model.cfg.name
+    sm = fit(train, source=f"calibrated: {name} on this machine ({len(train)} steps)", replica=replica, held_out=held)
+    if out != "":
+        path = sm.save(out or default_path(model if model != "default" else "default"))
+        if log:
+            log(f"saved {path}")
+    return sm

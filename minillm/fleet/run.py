@@ -1,0 +1,192 @@
+"""The runners of `minillm fleet calibrate | simulate` (the parsers and flag checks are in fleet/cli.py)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+from minillm import plots
+from minillm.fleet import workloads
+from minillm.fleet.calibrate import calibrate, default_path
+from minillm.fleet.offload import HostTier
+from minillm.fleet.planner import Demand, plan, report
+from minillm.fleet.policies import KVLink
+from minillm.fleet.replica import Replica, ReplicaConfig
+from minillm.fleet.routers import make_router
+from minillm.fleet.simulator import FleetResult, simulate
+from minillm.fleet.step_model import StepModel, from_roofline
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_calibrate(args) -> int:
+    sm = calibrate(args.model, quick=args.quick, seed=args.seed, out=args.out, log=_log)
+    e = sm.fit_error
+    print(f"step model: {sm.source}")
+    for k, v in sm.coeffs.items():
+        print(f"  {k:8s} {v:.3e} s")
+    print(f"held-out error ({e['steps']} steps): median {100 * e['median']:.1f} %, p90 {100 * e['p90']:.1f} %")
+    return 0
+
+
+def step_model_of(args) -> StepModel:
+    if args.step_model:
+        return StepModel.load(args.step_model)
+    if args.model:
+        return from_roofline(args.model, args.gpu, args.weights, args.tp)
+    path = default_path("default")
+    if not path.exists():
+        raise ValueError(f"no step model: run `minillm fleet calibrate` first (it saves {path}), or pass "
+                         "--step-model FILE, or --model NAME --gpu NAME for a roofline")
+    return StepModel.load(path)
+
+
+def requests_of(args, vocab: int):
+    if args.trace:
+        return workloads.read_trace(args.trace, seed=args.seed, vocab=vocab)
+    return workloads.make(args.workload, args.rate, args.duration, seed=args.seed, cv=args.cv, vocab=vocab)
+
+
+COLUMNS = [("router", "router", "{}"), ("finished", "done", "{}"), ("failed", "failed", "{}"),
+           ("ttft_p50_ms", "TTFT p50", "{:.0f}"), ("ttft_p99_ms", "TTFT p99", "{:.0f}"),
+           ("tpot_p50_ms", "TPOT p50", "{:.1f}"), ("tpot_p99_ms", "TPOT p99", "{:.1f}"),
+           ("e2e_p99_s", "e2e p99 s", "{:.2f}"), ("out_tok_s", "out tok/s", "{:.0f}"),
+           ("prefix_hit", "prefix hit", "{:.0%}"), ("kv_peak", "KV peak", "{:.0%}"),
+           ("preemptions", "preempt", "{}"), ("sim_req_per_wall_s", "sim req/wall s", "{:.0f}")]
+
+
+# Columns a fleet feature adds when a run uses it.
+DISAGG_COLUMNS = [("layout", "layout", "{}"), ("kv_transfer_p99_ms", "KV xfer p99", "{:.1f}"),
+                  ("decode_pool_prefill_tokens", "decode-pool prefill", "{}")]
+FAILURE_COLUMNS = [("replica_failures", "repl fails", "{}"), ("retried", "retried", "{}"),
+                   ("lost_tokens", "lost tok", "{}")]
+SLO_COLUMNS = [("slo_attainment", "SLO met", "{:.1%}")]
+SCALE_COLUMNS = [("peak_replicas", "peak repl", "{}"), ("replica_seconds", "replica-s", "{:.0f}"),
+                 ("replica_hours_per_m_tokens", "repl-h/M tok", "{:.2f}")]
+OFFLOAD_COLUMNS = [("host_hit_tokens", "host hit tok", "{}"), ("host_seconds", "PCIe s", "{:.3f}")]
+
+
+def columns_for(results: list[FleetResult]) -> list[tuple[str, str, str]]:
+    cols = list(COLUMNS)
+    r = results[0] if results else None
+    if r is None:
+        return cols
+    if "P:" in r.layout:
+        cols += DISAGG_COLUMNS
+    if any(x.replica_failures for x in results):
+        cols += FAILURE_COLUMNS
+    if r.slo is not None:
+        cols += SLO_COLUMNS
+    if any(x.dynamic for x in results):
+        cols += SCALE_COLUMNS
+    if any(x.host_stored_blocks for x in results):
+        cols += OFFLOAD_COLUMNS
+    return cols
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
+
+
+def table(results: list[FleetResult]) -> str:
+    cols = columns_for(results)
+    rows = [[_cell(r.row()[key], fmt) for key, _, fmt in cols] for r in results]
+    heads = [h for _, h, _ in cols]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(heads, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines) + "\n(latencies in ms unless marked; TPOT excludes one-token outputs)"
+
+
+def _kv_bytes_per_token(sm: StepModel, needed_by: str) -> float:
+    b = sm.replica.get("kv_bytes_per_token")
+    if not b:
+        raise ValueError(f"{needed_by} needs the KV bytes per token, which this step model ({sm.source}) does not "
+                         "carry: recalibrate with `minillm fleet calibrate`, or use --model/--gpu")
+    return float(b)
+
+
+def host_tier_factory(args, sm: StepModel, cfg: ReplicaConfig):
+    """A fresh host tier per replica (None without --kv-offload-gib)."""
+    if not args.kv_offload_gib:
+        return lambda: None
+    block_bytes = _kv_bytes_per_token(sm, "--kv-offload-gib") * cfg.block_size
+    blocks = int(args.kv_offload_gib * 2**30 // block_bytes)
+    return lambda: HostTier(blocks, block_bytes, args.pcie_gbps * 1e9 / 8)
+
+
+def simulate_one(args, sm: StepModel, cfg: ReplicaConfig, router_name: str) -> FleetResult:
+    """One run of the fleet the flags describe, with router `router_name`."""
+    host = host_tier_factory(args, sm, cfg)
+
+    def new_replica() -> Replica:
+        return Replica(sm, cfg, host=host())
+    kw = {}
+    if args.disaggregate:
+        prefill, decode = args.disaggregate
+        kw = {"decode_replicas": [new_replica() for _ in range(decode)],
+              "kv_link": KVLink(_kv_bytes_per_token(sm, "--disaggregate"), args.kv_link_gbps)}
+    else:
+        prefill = args.replicas
+    most = args.autoscale.max_replicas if args.autoscale else prefill
+    router = make_router(router_name, max(prefill, most), cfg.block_size, args.prefix_blocks, args.epsilon)
+    return simulate(requests_of(args, workloads.VOCAB), [new_replica() for _ in range(prefill)], router,
+                    router_name, progress=not args.no_progress and sys.stderr.isatty(), horizon=args.duration,
+                    autoscaler=args.autoscale, new_replica=new_replica, failures=args.failures,
+                    retries=args.retries, slo=args.slo, **kw)
+
+
+def to_json(results: list[FleetResult]) -> str:
+    """Every run's row (NaN as null) and its replica timeline."""
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return json.dumps([{k: clean(v) for k, v in r.row().items()} | {"timeline": r.timeline} for r in results],
+                      indent=2)
+
+
+def run_simulate(args) -> int:
+    sm = step_model_of(args)
+    cfg = ReplicaConfig.of(sm, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                           num_blocks=args.num_blocks)
+    print(f"step model: {sm.source}; per replica {cfg.num_blocks} KV blocks of {cfg.block_size}, max_num_seqs "
+          f"{cfg.max_num_seqs}, token budget {cfg.max_num_batched_tokens}")
+    results = []
+    for name in args.router:
+        res = simulate_one(args, sm, cfg, name)
+        results.append(res)
+        _log(f"[{name}: {res.finished + res.failed} requests, {res.steps} steps in {res.wall_s:.1f} s wall]")
+    print(table(results))
+    if args.slo is not None:
+        print(f"SLO: {args.slo}")
+    if args.json:
+        Path(args.json).write_text(to_json(results))
+        print(f"json: {args.json}")
+    if args.plot:
+        matplotlib.use("Agg")
+        fig = plots.latency_cdfs({r.router: {"ttft": r.ttft.cdf(), "tpot": r.tpot.cdf()} for r in results},
+                                 show=False)
+        fig.savefig(args.plot, dpi=120)
+        print(f"plot: {args.plot}")
+        if any(r.dynamic for r in results):
+            path = Path(args.plot)
+            path = path.with_name(f"{path.stem}-replicas{path.suffix or '.png'}")
+            plots.replica_timeline({r.router: r.timeline for r in results}, show=False).savefig(path, dpi=120)
+            print(f"plot: {path}")
+    return 0
+
+
+def run_plan(args) -> int:
+    d = Demand(args.rps, args.prompt_len, args.output_len, *args.slo, usd_per_gpu_hour=args.price_per_gpu_hour)
+    p = plan(args.model, args.gpu, d, args.weights, verify=args.verify, duration=args.duration, seed=args.seed,
+             disaggregate=args.disaggregate, link_gbps=args.kv_link_gbps, log=_log)
+    print(report(p))
+    return 0 if p.best is not None and p.best.verified is not None else 1
+
+
+def run(args) -> int:
+    return {"calibrate": run_calibrate, "simulate": run_simulate, "plan": run_plan}[args.fleet_command](args)

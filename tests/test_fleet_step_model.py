@@ -1,0 +1,105 @@
+"""The replica step-time model: features, the fit (recovers known coefficients; a sum-not-max model is rejected by
+its error on mixed steps), the roofline, JSON."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minillm.fleet.step_model import COEFFS, FITTED, StepFeatures, StepModel, StepTrace, fit, from_roofline, nnls
+
+TRUE = dict.fromkeys(COEFFS, 0.0) | dict(o_step=2e-3, o_seq=5e-5, c_token=4e-5, c_pair=1e-8, m_step=8e-3, m_kv=2e-7)
+
+
+def synthetic(n: int, seed: int, noise: float = 0.01, model: StepModel | None = None) -> list[StepTrace]:
+    """Steps like a chunked-prefill engine makes: decodes at various contexts, some with a prompt chunk."""
+    model = model or StepModel(TRUE)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ctx = rng.integers(10, 2000, int(rng.integers(1, 64)))
+        chunks = [(int(c), 1, 1) for c in ctx]
+        p = int(rng.choice([0, 0, 16, 64, 256, 512]))
+        if p:
+            chunks.append((int(rng.integers(0, 500)), p, 10 ** 6))
+        f = StepFeatures.of(chunks)
+        out.append(StepTrace(f, model.seconds(f) * (1 + noise * rng.standard_normal())))
+    return out
+
+
+def test_features_of_a_mixed_step():
+    # a decode at context 9 (prompt 5), a 4-token chunk after 8 computed of a 20-token prompt, a fresh 3-token prompt
+    f = StepFeatures.of([(9, 1, 5), (8, 4, 20), (0, 3, 3)])
+    assert (f.prefill_tokens, f.decode_tokens, f.num_seqs) == (7, 1, 3)
+    assert f.kv_tokens == 10 + 12 + 3
+    assert f.attn_pairs == 10 + (9 + 10 + 11 + 12) + (1 + 2 + 3)
+
+
+def test_max_not_sum():
+    m = StepModel(dict.fromkeys(COEFFS, 0.0) | dict(c_token=1.0, m_step=3.0))
+    assert m.seconds(StepFeatures(prefill_tokens=2)) == 3.0          # memory bound: the chunk rides along
+    assert m.seconds(StepFeatures(prefill_tokens=5)) == 5.0
+    assert StepModel(m.coeffs, form="sum").seconds(StepFeatures(prefill_tokens=2)) == 5.0
+
+
+def test_nnls_matches_a_brute_force_over_active_sets():
+    rng = np.random.default_rng(0)
+    A, b = rng.standard_normal((30, 4)), rng.standard_normal(30)
+    x = nnls(A, b)
+    assert (x >= 0).all()
+    best = min(np.sum((A @ np.clip(np.linalg.lstsq(A[:, m], b, rcond=None)[0] @ np.eye(4)[m], 0, None) - b) ** 2)
+               if any(m) else np.sum(b ** 2)
+               for m in (np.array([(k >> j) & 1 for j in range(4)], bool) for k in range(16))
+               if not any(m) or (np.linalg.lstsq(A[:, m], b, rcond=None)[0] >= 0).all())
+    assert np.sum((A @ x - b) ** 2) <= best + 1e-9
+
+
+def test_fit_recovers_known_coefficients():
+    m = fit(synthetic(240, 0, noise=0.002), held_out=synthetic(60, 1, noise=0.002))
+    for k in FITTED:
+        assert m.coeffs[k] == pytest.approx(TRUE[k], rel=0.05), k
+    assert m.fit_error["median"] < 0.005
+
+
+def test_a_sum_model_is_rejected_by_its_error_on_mixed_steps():
+    train = synthetic(240, 0)
+    mixed = [t for t in synthetic(300, 2) if t.features.prefill_tokens and t.features.decode_tokens]
+    good, bad = fit(train, held_out=mixed), fit(train, form="sum", held_out=mixed)
+    assert good.fit_error["median"] < 0.02
+    assert bad.fit_error["p90"] > 5 * good.fit_error["p90"] and bad.fit_error["p90"] > 0.05
+
+
+def test_fit_sees_context_length():
+    """Steps that differ only in context: a fit must put the difference on m_kv / c_pair, not average it away."""
+    short = [StepTrace(StepFeatures(0, 32, 32 * 50, 32 * 50, 32), 0.01 + 32 * 50 * 2e-7)] * 10
+    long = [StepTrace(StepFeatures(0, 32, 32 * 4000, 32 * 4000, 32), 0.01 + 32 * 4000 * 2e-7)] * 10
+    m = fit(short + long)
+    assert m.seconds(long[0].features) / m.seconds(short[0].features) == pytest.approx(
+        long[0].seconds / short[0].seconds, rel=0.02)
+
+
+def test_roofline_decode_is_memory_bound_and_prefill_compute_bound():
+    m = from_roofline("llama-3.1-8b", "h100-sxm")
+    k = m.coeffs
+    decode = StepFeatures.of([(1000, 1, 1)] * 8)
+    prefill = StepFeatures.of([(0, 4096, 4096)])
+    comp = lambda f: k["c_token"] * f.tokens + k["c_pair"] * f.attn_pairs + k["c_seq"] * f.num_seqs  # noqa: E731
+    mem = lambda f: k["m_step"] + k["m_kv"] * f.kv_tokens  # noqa: E731
+    assert mem(decode) > comp(decode) and comp(prefill) > mem(prefill)
+    # 8B bf16 = 16.06 GB, less the untied input embedding (a row gather, 1.05 GB), at 3350 GB/s x 0.7: ~6.4 ms
+    assert k["m_step"] == pytest.approx((16.06e9 - 128256 * 4096 * 2) / (3350e9 * 0.7), rel=0.01)
+    assert m.replica["num_blocks"] > 0
+    assert from_roofline("llama-3.1-70b", "h100-sxm", tp=4).coeffs["o_token"] > 0   # TP all-reduces cost
+
+
+def test_roofline_refuses_a_model_that_does_not_fit():
+    with pytest.raises(ValueError, match="no room for a KV pool"):
+        from_roofline("llama-3.1-70b", "h100-sxm", tp=1)
+
+
+def test_json_round_trip(tmp_path):
+    m = fit(synthetic(50, 3), replica={"num_blocks": 10, "block_size": 16}, held_out=synthetic(10, 4))
+    back = StepModel.load(m.save(tmp_path / "m.json"))
+    assert back == m
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a step model"):
+        StepModel.load(tmp_path / "bad.json")
