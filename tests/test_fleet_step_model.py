@@ -103,3 +103,15 @@ def test_json_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a step model"):
         StepModel.load(tmp_path / "bad.json")
+
+
+def test_split_fit_recovers_two_code_paths():
+    """A decode-only step and a step with a prompt chunk run different code paths on a CPU (fused C call vs the
+    layers): with split=True each gets its coefficients, and they survive JSON."""
+    layered = dict(TRUE, o_step=2e-2, m_step=0.0)
+    two = StepModel(TRUE, prefill_coeffs=layered)
+    traces = synthetic(300, 3, model=two)
+    m = fit(traces, split=True, held_out=synthetic(60, 4, model=two))
+    assert m.prefill_coeffs["o_step"] == pytest.approx(2e-2, rel=0.1) and m.coeffs["o_step"] < 1.1e-2
+    assert m.fit_error["median"] < 0.02 and fit(traces).relative_errors(traces).mean() > 0.05
+    assert StepModel.from_json(m.to_json()) == m

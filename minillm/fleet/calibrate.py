@@ -128,9 +128,12 @@ def calibrate(model: str = "default", engine: LLMEngine | None = None, scenarios
                "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
                "max_model_len": engine.max_model_len,
                # what a disaggregated fleet ships per token of context, and what a host KV tier stores
-               "kv_bytes_per_token": KVCache.bytes_per_token(engine.model.cfg, engine.kv_cache.k.dtype)}
+               "kv_bytes_per_token": KVCache.bytes_per_token(engine.model.cfg, engine.kv_cache.k.dtype),
+               "model": engine.model.cfg.name}     # fleet validate refuses a step model of another model
     name = engine.model.cfg.name
-    sm = fit(train, source=f"calibrated: {name} on this machine ({len(train)} steps)", replica=replica, held_out=held)
+    # split: decode-only steps and steps with prefill run different code paths (see step_model's docstring)
+    sm = fit(train, source=f"calibrated: {name} on this machine ({len(train)} steps)", replica=replica, held_out=held,
+             split=True)
     if out != "":
         path = sm.save(out or default_path(model if model != "default" else "default"))
         if log:

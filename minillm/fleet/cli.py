@@ -1,4 +1,5 @@
-"""`minillm fleet calibrate | simulate`: the parsers and the checks that run before anything heavy loads.
+"""`minillm fleet calibrate | validate | simulate | plan`: the parsers and the checks that run before anything
+heavy loads.
 
 Torch-free on purpose: minillm.cli builds these parsers for every command (`--help` must stay quick); the runners
 live in minillm.fleet.run and are imported only when a fleet command runs."""
@@ -18,6 +19,7 @@ WORKLOAD_NAMES = ("chat", "rag", "multi-turn", "bursty")            # = workload
 FLEET_EPILOG = """examples:
   minillm fleet calibrate                      # the default model on this machine; saves the step model
   minillm fleet calibrate --model tiny-random --quick
+  minillm fleet validate                       # the simulator vs the real engine on held-out workloads
   minillm fleet simulate --replicas 4 --router prefix-aware --rate 20 --duration 600 --workload chat --plot out.png
   minillm fleet simulate --model llama-3.1-70b --gpu h100 --tp 4 --replicas 16 --rate 300 --workload rag
   minillm fleet simulate --router round-robin least-tokens prefix-aware --workload multi-turn --rate 5
@@ -60,6 +62,25 @@ def add_fleet_parser(sub) -> argparse.ArgumentParser:
     c.add_argument("--quick", action="store_true", help="a third of the scenarios (a quick look)")
     c.add_argument("--out", metavar="FILE", default=None, help="where to save (default: the user cache dir)")
     c.add_argument("--seed", type=int, default=0)
+
+    v = fs.add_parser("validate", help="the simulator against the real engine on held-out workloads (one table)",
+                      description="Replays held-out workloads (Poisson arrivals at loads 0.5, 1, 2 of a mean "
+                                  "request's service rate; two prompt/output length mixes calibration never ran) "
+                                  "through the real engine on this machine and through one simulated replica on the "
+                                  "saved step model; prints TTFT and TPOT p50/p99 and throughput, real vs simulated, "
+                                  "with the relative errors.",
+                      epilog=FLEET_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("--model", default="default",
+                   help="'default' (SmolLM2-135M-Instruct), a .gguf file, a Hugging Face directory, or 'tiny-random'")
+    v.add_argument("--step-model", metavar="FILE", help="the step model to check (default: the one `minillm fleet "
+                                                        "calibrate` saved for --model)")
+    v.add_argument("--calibrate", action="store_true",
+                   help="calibrate first (and save; with --quick a quick calibration), then validate")
+    v.add_argument("--quick", action="store_true", help="fewer requests per workload, two loads (a quick look)")
+    v.add_argument("--requests", type=int, default=None, help="requests per workload (default 100; --quick 16)")
+    v.add_argument("--json", metavar="FILE", help="write the table (and the median and worst errors) as JSON")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = fs.add_parser("simulate", help="simulate N replicas behind a router on a seeded workload",
                       description="A discrete-event simulation of a fleet. The replica step time comes from "
@@ -162,6 +183,8 @@ def check_args(args) -> None:
     """Every fleet flag checked before numpy, torch or a model loads: one clear line per mistake."""
     if args.fleet_command == "plan":
         check_plan_args(args)
+    if args.fleet_command == "validate":
+        check_validate_args(args)
     if args.fleet_command != "simulate":
         return
     for name in ("replicas", "tp", "prefix_blocks", "max_num_seqs", "max_num_batched_tokens", "num_blocks",
@@ -220,6 +243,15 @@ def check_fleet_features(args) -> None:
             raise ValueError(f"--fail-at {t:g}:{i}: the fleet starts with replicas 0..{n - 1}")
     if args.slo is not None:
         args.slo = Slo.parse(args.slo)
+
+
+def check_validate_args(args) -> None:
+    if args.requests is not None and args.requests < 2:
+        raise ValueError(f"--requests must be an integer >= 2, got {args.requests}")
+    if args.step_model is not None and not Path(args.step_model).is_file():
+        raise ValueError(f"--step-model {args.step_model}: no such file")
+    if args.step_model is not None and args.calibrate:
+        raise ValueError("give either --step-model FILE or --calibrate (a fresh one), not both")
 
 
 def _check_catalog(args) -> None:

@@ -1,4 +1,5 @@
-"""The runners of `minillm fleet calibrate | simulate` (the parsers and flag checks are in fleet/cli.py)."""
+"""The runners of `minillm fleet calibrate | validate | simulate | plan` (the parsers and flag checks are in
+fleet/cli.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import matplotlib
 
 from minillm import plots
 from minillm.fleet import workloads
-from minillm.fleet.calibrate import calibrate, default_path
+from minillm.fleet import validate
+from minillm.fleet.calibrate import build_engine, calibrate, default_path
 from minillm.fleet.offload import HostTier
 from minillm.fleet.planner import Demand, plan, report
 from minillm.fleet.policies import KVLink
@@ -29,8 +31,37 @@ def run_calibrate(args) -> int:
     e = sm.fit_error
     print(f"step model: {sm.source}")
     for k, v in sm.coeffs.items():
-        print(f"  {k:8s} {v:.3e} s")
+        print(f"  {k:8s} {v:.3e} s" + (f"   {sm.prefill_coeffs[k]:.3e} s" if sm.prefill_coeffs else ""))
+    if sm.prefill_coeffs:
+        print("  (left: decode-only steps; right: steps with prefill tokens)")
     print(f"held-out error ({e['steps']} steps): median {100 * e['median']:.1f} %, p90 {100 * e['p90']:.1f} %")
+    return 0
+
+
+def run_validate(args) -> int:
+    engine = build_engine(args.model)
+    if args.calibrate:
+        sm = calibrate(args.model, engine=engine, quick=args.quick, seed=args.seed, log=_log,
+                       progress=not args.no_progress)
+        where = "the fresh calibration"
+    else:
+        path = Path(args.step_model) if args.step_model else default_path(args.model)
+        if not path.exists():
+            raise ValueError(f"no step model for --model {args.model}: run `minillm fleet calibrate --model "
+                             f"{args.model}` first (it saves {path}), or pass --calibrate or --step-model FILE")
+        sm, where = StepModel.load(path), str(path)
+    validate.check_model(sm, engine, where)
+    n = args.requests or (16 if args.quick else 100)
+    loads = validate.LOADS[::2] if args.quick else validate.LOADS
+    longest_output = max(m.output_range[1] for m in validate.MIXES)
+    workloads = validate.held_out_workloads(sm, engine.model.cfg.vocab_size, n, loads, seed=args.seed,
+                                            max_prompt=engine.max_model_len - longest_output)
+    v, _ = validate.validate(engine, sm, workloads, progress=not args.no_progress)
+    print(f"step model: {sm.source}; {n} requests per workload, Poisson arrivals, seed {args.seed}")
+    print(validate.table(v))
+    if args.json:
+        Path(args.json).write_text(json.dumps(v.to_dict(), indent=2))
+        print(f"json: {args.json}")
     return 0
 
 
@@ -189,4 +220,5 @@ def run_plan(args) -> int:
 
 
 def run(args) -> int:
-    return {"calibrate": run_calibrate, "simulate": run_simulate, "plan": run_plan}[args.fleet_command](args)
+    return {"calibrate": run_calibrate, "validate": run_validate, "simulate": run_simulate,
+            "plan": run_plan}[args.fleet_command](args)

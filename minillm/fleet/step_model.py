@@ -9,9 +9,12 @@ are read once for all of them, and the prefill tokens use the compute that a mem
     memory   = m_step + m_kv x KV tokens read                    (the weights once, every sequence's context)
 
 with tokens = prefill + decode tokens of the step, attention pairs = (query, key) pairs the step attends over,
-KV tokens read = the context each scheduled sequence reads. The coefficients come either from a fit to steps the
-real engine recorded (`fit`, minillm fleet calibrate) or from a roofline of a catalog model on a catalog
-accelerator (`from_roofline`, through the estimator's datasheet arithmetic).
+KV tokens read = the context each scheduled sequence reads. A fitted model may carry a second set of coefficients
+for steps that run any prefill (`prefill_coeffs`): on a CPU the engine runs a decode-only step as one fused C call
+and any other step through the model's layers (worker/model_runner.py), two code paths with different fixed and
+per-sequence costs, so one set of coefficients for both would be wrong for one of them. The coefficients come
+either from a fit to steps the real engine recorded (`fit`, minillm fleet calibrate) or from a roofline of a catalog
+model on a catalog accelerator (`from_roofline`, through the estimator's datasheet arithmetic).
 """
 from __future__ import annotations
 
@@ -88,15 +91,16 @@ class StepModel:
     source: str = ""
     replica: dict = field(default_factory=dict)
     fit_error: dict = field(default_factory=dict)   # median / p90 relative error on held-out steps
+    prefill_coeffs: dict = field(default_factory=dict)   # for steps with prefill tokens; empty: `coeffs` for all
 
     def __post_init__(self) -> None:
-        missing = set(COEFFS) - set(self.coeffs)
+        missing = (set(COEFFS) - set(self.coeffs)) | (set(COEFFS) - set(self.prefill_coeffs or COEFFS))
         if missing or self.form not in FORMS:
             raise ValueError(f"a step model needs coefficients {', '.join(COEFFS)} (missing {sorted(missing)}) "
                              f"and a form in {FORMS} (got {self.form!r})")
 
     def seconds(self, f: StepFeatures) -> float:
-        k, t = self.coeffs, f.tokens
+        k, t = self.prefill_coeffs if self.prefill_coeffs and f.prefill_tokens else self.coeffs, f.tokens
         over = k["o_step"] + k["o_seq"] * f.num_seqs + k["o_token"] * t
         comp = k["c_token"] * t + k["c_pair"] * f.attn_pairs + k["c_seq"] * f.num_seqs
         mem = k["m_step"] + k["m_kv"] * f.kv_tokens
@@ -116,7 +120,8 @@ class StepModel:
         d = json.loads(text)
         return cls(coeffs={k: float(v) for k, v in d["coeffs"].items()}, form=d.get("form", "max"),
                    source=d.get("source", ""), replica=dict(d.get("replica", {})),
-                   fit_error=dict(d.get("fit_error", {})))
+                   fit_error=dict(d.get("fit_error", {})),
+                   prefill_coeffs={k: float(v) for k, v in d.get("prefill_coeffs", {}).items()})
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -170,7 +175,24 @@ def _design(features: Sequence[StepFeatures], compute_bound: np.ndarray, form: s
 
 
 def fit(traces: Sequence[StepTrace], form: str = "max", source: str = "fit", replica: dict | None = None,
-        held_out: Sequence[StepTrace] = ()) -> StepModel:
+        held_out: Sequence[StepTrace] = (), split: bool = False) -> StepModel:
+    """`_fit_one` over all steps, or with `split`, one fit over the decode-only steps (`coeffs`) and one over the
+    steps with prefill tokens (`prefill_coeffs`), each with enough steps (else one fit for all)."""
+    pre = [t for t in traces if t.features.prefill_tokens]
+    dec = [t for t in traces if not t.features.prefill_tokens]
+    if split and len(pre) >= 2 * len(FITTED) and len(dec) >= 2 * len(FITTED):
+        best = replace(_fit_one(dec, form, source, replica), prefill_coeffs=_fit_one(pre, form).coeffs)
+    else:
+        best = _fit_one(traces, form, source, replica)
+    if held_out:
+        e = best.relative_errors(held_out)
+        best = replace(best, fit_error={"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)),
+                                        "steps": len(held_out)})
+    return best
+
+
+def _fit_one(traces: Sequence[StepTrace], form: str = "max", source: str = "fit", replica: dict | None = None
+             ) -> StepModel:
     """Least squares (relative error: each row divided by its time) with non-negative coefficients. "max" is
     piecewise linear: alternate between assigning each step to the bound that is larger under the current
     coefficients and refitting (k-plane regression), from several starts; keep the best."""
@@ -209,10 +231,6 @@ def fit(traces: Sequence[StepTrace], form: str = "max", source: str = "fit", rep
                 if (new == assign).all():
                     break
                 assign = new
-    if held_out:
-        e = best.relative_errors(held_out)
-        best = replace(best, fit_error={"median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)),
-                                        "steps": len(held_out)})
     return best
 
 

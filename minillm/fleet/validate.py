@@ -1,0 +1,261 @@
+"""Validate the fleet simulator against the real engine: the same requests, at the same arrival times, through one
+real replica on this machine's wall clock and through one simulated replica on the calibrated step model.
+
+The workloads are held out from calibration (calibrate.py runs fixed prompt lengths 32/128/512, 12 output tokens,
+requests all queued at once plus one second wave): here arrivals are Poisson, and prompt and output lengths are
+lognormal over two mixes no scenario used (SHORT: chat-like prompts with longer answers, LONG: RAG-like prompts with
+short answers). Rates are stated as loads: a load of 1 offers one request per (step-model) service time of a mean
+request served alone, so the same loads mean the same regime on a 2-core CPU and on a tiny random model; batching
+makes loads above 1 sustainable.
+
+Both sides measure the same thing: a request's token appears when the step that produced it returns (the engine's
+step() / the simulator's step end), its TTFT counts from its scheduled arrival time (a request that comes while a
+pass runs waits for the next schedule() in both), TPOT = (finish - first token) / (output tokens - 1), throughput =
+output tokens / (last finish - first arrival). Greedy, EOS ignored, so the output lengths are the drawn ones.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from minillm.engine.llm_engine import LLMEngine
+from minillm.fleet.replica import Finished, Replica, ReplicaConfig
+from minillm.fleet.routers import RoundRobin
+from minillm.fleet.simulator import simulate
+from minillm.fleet.step_model import StepFeatures, StepModel
+from minillm.fleet.workloads import SimRequest, arrival_gaps
+from minillm.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Lognormal prompt and output lengths: medians, sigma, clipped to [lo, hi]."""
+    name: str
+    prompt_median: int
+    prompt_range: tuple[int, int]
+    output_median: int
+    output_range: tuple[int, int]
+    sigma: float = 0.6
+
+
+SHORT = Mix("short", 64, (8, 256), 32, (4, 96))
+LONG = Mix("long", 320, (64, 900), 16, (4, 48))
+MIXES = (SHORT, LONG)
+LOADS = (0.5, 1.0, 2.0)
+METRICS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "out_tok_s")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    rate: float                  # requests per second
+    requests: list[SimRequest]
+
+
+def _length(rng: np.random.Generator, median: int, sigma: float, lo: int, hi: int) -> int:
+    return int(min(hi, max(lo, round(rng.lognormal(math.log(median), sigma)))))
+
+
+def service_seconds(sm: StepModel, mix: Mix) -> float:
+    """A median request of `mix` served alone: its prompt in one step, then one decode step per further token."""
+    p, o = mix.prompt_median, mix.output_median
+    prefill = sm.seconds(StepFeatures.of([(0, p, p)]))
+    decode = sum(sm.seconds(StepFeatures.of([(p + k, 1, p)])) for k in range(o - 1))
+    return prefill + decode
+
+
+def held_out_workloads(sm: StepModel, vocab: int, num_requests: int, loads: Sequence[float] = LOADS,
+                       mixes: Sequence[Mix] = MIXES, seed: int = 0, max_prompt: int | None = None) -> list[Workload]:
+    """One seeded Poisson workload per (mix, load): `num_requests` requests of random token ids (distinct, so the
+    prefix cache stays out of it) whose lengths are drawn from the mix (prompts capped at max_prompt)."""
+    out = []
+    for i, mix in enumerate(mixes):
+        for j, load in enumerate(loads):
+            rng = np.random.default_rng([seed, i, j])
+            rate = load / service_seconds(sm, mix)
+            gaps, t, reqs = arrival_gaps(rng, rate), 0.0, []
+            for k in range(num_requests):
+                p = _length(rng, mix.prompt_median, mix.sigma, *mix.prompt_range)
+                p = min(p, max_prompt) if max_prompt else p
+                o = _length(rng, mix.output_median, mix.sigma, *mix.output_range)
+                reqs.append(SimRequest(k, t, rng.integers(3, vocab, p).tolist(), o))
+                t += next(gaps)
+            out.append(Workload(f"{mix.name} load {load:g}", rate, reqs))
+    return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One request's times, in seconds from the workload's start."""
+    arrival: float
+    first_token: float
+    finished: float
+    output_len: int
+
+
+# ---------------------------------------------------------------------- the two sides
+
+def run_real(engine: LLMEngine, requests: Sequence[SimRequest], tick: Callable[[], None] = lambda: None
+             ) -> list[Timeline]:
+    """Add each request when its arrival time comes on the wall clock, step while anything is queued (sleep while
+    idle), and time every token by when the step() that produced it returned."""
+    engine.block_manager.reset_prefix_cache()
+    pending = deque(sorted(requests, key=lambda r: r.arrival))
+    by_id = {str(r.request_id): r for r in requests}
+    first: dict[str, float] = {}
+    out: list[Timeline] = []
+    t0 = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while pending and pending[0].arrival <= now:
+            r = pending.popleft()
+            engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True),
+                               request_id=str(r.request_id), arrival_time=t0 + r.arrival)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].arrival - now))
+            continue
+        outputs = engine.step()
+        t = time.perf_counter() - t0
+        for o in outputs:
+            first.setdefault(o.request_id, t)
+            if o.finished:
+                r = by_id[o.request_id]
+                out.append(Timeline(r.arrival, first.pop(o.request_id), t, len(o.token_ids)))
+                tick()
+    return out
+
+
+def run_sim(sm: StepModel, config: ReplicaConfig, requests: Sequence[SimRequest],
+            tick: Callable[[], None] = lambda: None) -> list[Timeline]:
+    """The same requests through one simulated replica (the engine's scheduler on the step model's clock)."""
+    out: list[Timeline] = []
+
+    def done(f: Finished) -> None:
+        if f.failed:
+            raise ValueError(f"request {f.request_id} ({f.prompt_len} prompt tokens) does not fit the replica")
+        out.append(Timeline(f.arrival, f.first_token, f.finished, f.output_len))
+        tick()
+    simulate(sorted(requests, key=lambda r: r.arrival), [Replica(sm, config)], RoundRobin(), "validate",
+             on_finish=done)
+    return out
+
+
+def replica_config_of(engine: LLMEngine) -> ReplicaConfig:
+    """The simulated replica gets the real one's pool and scheduler settings, whatever the step model recorded."""
+    cc, sc = engine.config.cache, engine.config.scheduler
+    return ReplicaConfig(engine.block_manager.num_blocks, cc.block_size, sc.max_num_seqs, sc.max_num_batched_tokens,
+                         sc.enable_chunked_prefill, cc.enable_prefix_caching, engine.max_model_len)
+
+
+def summarize(timelines: Sequence[Timeline]) -> dict[str, float]:
+    ttft = np.array([t.first_token - t.arrival for t in timelines])
+    tpot = np.array([(t.finished - t.first_token) / (t.output_len - 1) for t in timelines if t.output_len > 1])
+    span = max(t.finished for t in timelines) - min(t.arrival for t in timelines)
+    q = lambda a, p: float(np.quantile(a, p)) * 1e3 if len(a) else math.nan     # noqa: E731
+    return {"ttft_p50_ms": q(ttft, .5), "ttft_p99_ms": q(ttft, .99), "tpot_p50_ms": q(tpot, .5),
+            "tpot_p99_ms": q(tpot, .99), "out_tok_s": sum(t.output_len for t in timelines) / span}
+
+
+def compare(real: dict[str, float], sim: dict[str, float]) -> dict[str, float]:
+    """Relative error of the simulation per metric: |sim - real| / real."""
+    return {k: abs(sim[k] - real[k]) / real[k] for k in METRICS if real[k] and math.isfinite(real[k])}
+
+
+@dataclass
+class Validation:
+    rows: list[dict]             # per workload: name, rate, requests, real {...}, sim {...}, error {...}
+    source: str
+
+    @property
+    def errors(self) -> list[float]:
+        return [e for r in self.rows for e in r["error"].values()]
+
+    @property
+    def median_error(self) -> float:
+        return float(np.median(self.errors))
+
+    @property
+    def worst(self) -> tuple[float, str]:
+        return max((e, f"{r['workload']} {k}") for r in self.rows for k, e in r["error"].items())
+
+    def to_dict(self) -> dict:
+        e, where = self.worst
+        return {"step_model": self.source, "rows": self.rows, "median_error": self.median_error,
+                "worst_error": e, "worst": where}
+
+
+def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], progress: bool = True,
+             real: Sequence[list[Timeline]] | None = None) -> tuple[Validation, list[list[Timeline]]]:
+    """Each workload through the real engine (unless `real` timelines are given: one run checks several step
+    models) and through the simulator; the table rows and the real timelines."""
+    config = replica_config_of(engine)
+    total = sum(len(w.requests) for w in workloads) * (1 if real is not None else 2)
+    bar = tqdm(total=total, desc="validating", unit="req", disable=not progress)
+    if real is None:
+        warm_up(engine)
+    rows, reals = [], []
+    for i, w in enumerate(workloads):
+        bar.set_postfix_str(w.name)
+        r = list(real[i]) if real is not None else run_real(engine, w.requests, lambda: bar.update())
+        s = run_sim(sm, config, w.requests, lambda: bar.update())
+        rs, ss = summarize(r), summarize(s)
+        rows.append({"workload": w.name, "rate": w.rate, "requests": len(w.requests), "real": rs, "sim": ss,
+                     "error": compare(rs, ss)})
+        reals.append(r)
+    bar.close()
+    return Validation(rows, sm.source), reals
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """A few steps first: the first ones pay for lazy initialization (threads, allocator), as in calibrate."""
+    vocab = engine.model.cfg.vocab_size
+    for k in range(2):
+        engine.add_request([3 + (k * 7 + j) % (vocab - 3) for j in range(24)],
+                           SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def scaled(sm: StepModel, factor: float) -> StepModel:
+    """Every coefficient x factor: a deliberately wrong step model (the check must flag it)."""
+    return replace(sm, coeffs={k: v * factor for k, v in sm.coeffs.items()},
+                   prefill_coeffs={k: v * factor for k, v in sm.prefill_coeffs.items()},
+                   source=f"{sm.source} x {factor:g}")
+
+
+def check_model(sm: StepModel, engine: LLMEngine, where: str) -> None:
+    """The step model must have been calibrated on this model: a roofline or another model's fit is refused."""
+    name = engine.model.cfg.name
+    recorded = sm.replica.get("model")
+    if not sm.source.startswith("calibrated") or (recorded or name) != name or \
+            (recorded is None and name not in sm.source):
+        raise ValueError(f"{where} ({sm.source!r}) was not calibrated on {name!r}: run `minillm fleet calibrate` "
+                         "for this model, or pass --calibrate")
+
+
+def table(v: Validation) -> str:
+    """One row per (workload, metric): real, simulated, error; then the median and the worst."""
+    heads = ["workload", "req/s", "metric", "real", "sim", "error"]
+    names = {"ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_p50_ms": "TPOT p50 ms",
+             "tpot_p99_ms": "TPOT p99 ms", "out_tok_s": "out tok/s"}
+    rows = []
+    for r in v.rows:
+        for k in METRICS:
+            err = r["error"].get(k, math.nan)
+            rows.append([r["workload"] if k == METRICS[0] else "", f"{r['rate']:.2f}" if k == METRICS[0] else "",
+                         names[k], f"{r['real'][k]:.1f}", f"{r['sim'][k]:.1f}", f"{100 * err:.1f} %"])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    e, where = v.worst
+    lines.append(f"median error {100 * v.median_error:.1f} %, worst {100 * e:.1f} % ({where}); "
+                 "target: median <= 5 %, every metric <= 10 %")
+    return "\n".join(lines)
