@@ -32,7 +32,7 @@ from minillm.fleet.routers import LeastTokens
 from minillm.fleet.policies import KVLink
 from minillm.fleet.simulator import FleetResult, simulate
 from minillm.fleet.step_model import StepFeatures, StepModel, from_roofline
-from minillm.fleet.workloads import VOCAB, SimRequest, arrival_gaps
+from minillm.fleet.workloads import VOCAB, SimRequest, arrival_times
 
 TPS = (1, 2, 4, 8)
 UNIFIED, PREFILL, DECODE = "unified", "prefill", "decode"      # what a sized replica runs
@@ -192,11 +192,7 @@ def fixed_lengths(rate: float, duration: float, prompt_len: int, output_len: int
                   seed: int = 0) -> Iterator[SimRequest]:
     """Poisson arrivals of requests with these lengths and fresh random prompts (no prefix sharing)."""
     rng = np.random.default_rng(seed)
-    t = 0.0
-    for i, gap in enumerate(arrival_gaps(rng, rate)):
-        t += gap
-        if t >= duration:
-            return
+    for i, t in enumerate(arrival_times(rng, rate, duration)):
         yield SimRequest(i, t, rng.integers(3, VOCAB, prompt_len).tolist(), output_len)
 
 

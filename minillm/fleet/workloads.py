@@ -49,6 +49,16 @@ def arrival_gaps(rng: np.random.Generator, rate: float, cv: float = 1.0, chunk: 
         yield from gaps.tolist()
 
 
+def arrival_times(rng: np.random.Generator, rate: float, duration: float, cv: float = 1.0) -> Iterator[float]:
+    """Arrival times in [0, duration): the running sum of arrival_gaps."""
+    t = 0.0
+    for gap in arrival_gaps(rng, rate, cv):
+        t += gap
+        if t >= duration:
+            return
+        yield t
+
+
 def _lognormal_len(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, round(rng.lognormal(math.log(median), sigma)))))
 
@@ -65,11 +75,7 @@ def chat(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: in
     systems = [_ids(rng, max(1, int(s * scale)), vocab) for s in rng.integers(64, 256, num_system_prompts)]
     weights = 1 / np.arange(1, num_system_prompts + 1)    # Zipf: a few apps carry most traffic
     weights /= weights.sum()
-    t = 0.0
-    for i, gap in enumerate(arrival_gaps(rng, rate, cv)):
-        t += gap
-        if t >= duration:
-            return
+    for i, t in enumerate(arrival_times(rng, rate, duration, cv)):
         system = systems[rng.choice(num_system_prompts, p=weights)]
         user = _ids(rng, _lognormal_len(rng, 200 * scale, 0.8, 1, int(4000 * scale) + 1), vocab)
         yield SimRequest(i, t, system + user, _lognormal_len(rng, 150 * scale, 0.7, 1, int(1024 * scale) + 1))
@@ -85,11 +91,7 @@ def rag(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: int
             for _ in range(num_docs)]
     popularity = 1 / np.arange(1, num_docs + 1) ** 1.1
     popularity /= popularity.sum()
-    t = 0.0
-    for i, gap in enumerate(arrival_gaps(rng, rate, cv)):
-        t += gap
-        if t >= duration:
-            return
+    for i, t in enumerate(arrival_times(rng, rate, duration, cv)):
         picked = rng.choice(num_docs, size=int(rng.integers(2, 6)), replace=False, p=popularity)
         prompt = list(instruction)
         for d in picked:
