@@ -12,22 +12,13 @@ from minillm.fleet.policies import Autoscaler, FailurePlan, KVLink
 from minillm.fleet.replica import Replica, ReplicaConfig
 from minillm.fleet.routers import make_router
 from minillm.fleet.simulator import simulate
-from minillm.fleet.step_model import COEFFS, StepModel
-from minillm.fleet.workloads import SimRequest
+from tests.test_fleet_replica import CONST, fleets
 
-CONST = StepModel(dict.fromkeys(COEFFS, 0.0) | {"o_step": 0.01, "c_token": 0.001})
 PREFIX = list(range(5, 18))
 
 
-@st.composite
-def requests(draw):
-    reqs, t = [], 0.0
-    for i in range(draw(st.integers(1, 20))):
-        t += draw(st.floats(0, 0.03))
-        prompt = (PREFIX if draw(st.booleans()) else []) + draw(st.lists(st.integers(20, 99), min_size=1,
-                                                                         max_size=40))
-        reqs.append(SimRequest(i, t, prompt, draw(st.integers(1, 12))))
-    return reqs
+def requests():
+    return fleets(max_requests=20, max_gap=0.03, prefix=PREFIX, first_id=20, max_len=40)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -112,12 +112,15 @@ def test_the_differential_check_can_fail():
 
 
 @st.composite
-def fleets(draw):
+def fleets(draw, max_requests: int = 25, max_gap: float = 0.05, prefix: list[int] = PREFIX, first_id: int = 3,
+           max_len: int = 60):
+    """A trace: up to max_requests arrivals at most max_gap apart, half of them behind `prefix`, prompts of ids
+    first_id..99 (tests/test_fleet_feature_invariants.py draws from it too)."""
     reqs, t = [], 0.0
-    for i in range(draw(st.integers(1, 25))):
-        t += draw(st.floats(0, 0.05))
-        prompt = (PREFIX if draw(st.booleans()) else []) + draw(st.lists(st.integers(3, 99), min_size=1,
-                                                                         max_size=60))
+    for i in range(draw(st.integers(1, max_requests))):
+        t += draw(st.floats(0, max_gap))
+        prompt = (prefix if draw(st.booleans()) else []) + draw(st.lists(st.integers(first_id, 99), min_size=1,
+                                                                         max_size=max_len))
         reqs.append(SimRequest(i, t, prompt, draw(st.integers(1, 12))))
     return reqs
 
