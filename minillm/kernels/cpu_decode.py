@@ -172,7 +172,7 @@ def _tiles(w: DecodeWeights, plan: _Plan) -> ctypes.Array:
         packs = [cpu_qgemm.tiles_copy(q) for lw in w.layers for q in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         arr = (_LayerTiles * (len(packs) // 4))()
         for i in range(len(arr)):
-            arr[i] = _LayerTiles(*(_Tiles(cpu_qgemm.KIND[p.kind], p.group, p.tiles.shape[0] * cpu_qgemm.TILE_N,
+            arr[i] = _LayerTiles(*(_Tiles(cpu_qgemm.KIND[p.kind], p.group, p.n_pad,
                                           p.tiles.data_ptr(), p.scales.data_ptr(),
                                           p.mins.data_ptr() if p.mins is not None else None)
                                    for p in packs[4 * i:4 * i + 4]))

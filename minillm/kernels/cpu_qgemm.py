@@ -135,8 +135,9 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # the int16 GEMM: 1 row 9.4 vs 17.2 ms, 2 rows 13.4 vs 16.4, 3 rows 19.3 vs 16.8, 4 rows 25.8 vs 17.7, 8 rows 47.9
 # vs 25.9, 16 rows 111.9 vs 50.3; the layers (MINILLM_DECODE_STEP=layers) cross at the same place (3 rows 34.4 vs
 # 32.4, 8 rows 66.7 vs 44.0). Batch-1 decode stays on the C kernel: it streams int4's 0.56 bytes per weight, not 2.
-# Still 3 with qgemm.c's row_many (rows sharing each widened weight block; 2026-11-29, Zen 4, same measure): 2 rows
-# 5.4 ms (6.8 before it), 3 rows 7.7-8.4 on the int16 GEMM vs 7.8-8.4 on row_many, 4 rows 8.1 vs 8.1-10.6.
+# Still 3 with qgemm.c's row_many (2 rows sharing each widened weight block) and the tiles from 3 rows (2026-11-29,
+# Zen 4, same measure): 2 rows 5.4 ms on row_many (6.8 on the row kernel before it); 3 rows 6.3 on the tiles, where
+# row_many took 7.6-8.4 and the int16 GEMM 7.7-8.5.
 BATCHED_MIN_ROWS = 3
 # From BATCHED_MIN_ROWS up to this many rows the C kernel's tiles run (qgemm.c: the weights' own int4 / int8 codes in
 # tiles, widened a block at a time for every row; the row kernel's arithmetic, so batched rows differ from rows alone
@@ -257,8 +258,13 @@ class PackedTiles:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.tiles, self.scales, self.mins) if t is not None)
 
+    @property
+    def n_pad(self) -> int:
+        """The output columns the kernel writes: n rounded up to whole 24-column blocks."""
+        return self.tiles.shape[0] * TILE_N
 
-TILE_N = 24
+
+TILE_N = cpu_int16.TILE_N      # the tiles run int16_gemm.c's register tile: its 24 columns
 
 
 def pack_tiles(qw: QuantizedWeight) -> PackedTiles:
@@ -296,7 +302,7 @@ def linear_tiles(x: torch.Tensor, packed: PackedTiles, lib: ctypes.CDLL | None =
     x2 = x.reshape(-1, k)
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:
         x2 = x2.float().contiguous()
-    m, n_pad = x2.shape[0], packed.tiles.shape[0] * TILE_N
+    m, n_pad = x2.shape[0], packed.n_pad
     y = torch.empty(m, n_pad, dtype=torch.float32)
     if m:
         mins = packed.mins.data_ptr() if packed.mins is not None else None
