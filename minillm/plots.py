@@ -722,6 +722,41 @@ def latency_throughput(runs: Mapping[str, Sequence[Mapping[str, float]]], show: 
 
 # ---------------------------------------------------------------- lab12: fleet
 
+def step_time_curve(tokens: Sequence[int], curves: Mapping[str, Sequence[float]], title: str,
+                    show: bool = True) -> Figure | None:
+    """lab12: one engine step's time (curves: label -> seconds) as prompt tokens join it (tokens, the x axis)."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, seconds in curves.items():
+        ax.plot(tokens, 1000 * _np(seconds), label=label, lw=2 if label.startswith("max") else 1.2,
+                ls="-" if label.startswith("max") else "--")
+    ax.set_xlabel("prompt tokens in the step")
+    ax.set_ylabel("step time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _done(fig, show)
+
+
+def step_fit(measured: Sequence[float], predicted: Mapping[str, Sequence[float]], show: bool = True) -> Figure | None:
+    """lab12: each model's predicted step time against the measured one (seconds in, ms on log axes); on the
+    diagonal a prediction is exact."""
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    x = 1000 * _np(measured)
+    for label, seconds in predicted.items():
+        ax.scatter(x, 1000 * _np(seconds), s=14, alpha=0.6, label=label)
+    lo, hi = x.min() / 1.5, x.max() * 1.5
+    ax.plot([lo, hi], [lo, hi], color="gray", lw=1, ls=":")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted (ms)")
+    ax.set_title("held-out steps: prediction vs measurement")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _done(fig, show)
+
+
 def latency_cdfs(runs: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
                  show: bool = True) -> Figure | None:
     """lab12 / fleet simulate: the TTFT and TPOT distributions (CDFs) of each router. runs: label -> {"ttft":

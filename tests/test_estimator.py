@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from minillm.config import ModelConfig
 from minillm.fleet import (Deployment, Efficiency, Scenario, batch_for_tpot, decode_step, estimate, forward_flops,
-                           memory_plan, prefill_time, tp_comm_bytes_per_gpu)
+                           forward_time, memory_plan, prefill_time, tp_comm_bytes_per_gpu)
+from minillm.fleet.estimator import mixed_step
 from minillm.quant.memory import WeightFormat, checkpoint_bytes
 from minillm.quiz.numbers import FUNCTIONS, parse_claim
 
@@ -206,6 +207,48 @@ def test_fp8_tp2_matches_bf16_tp4_per_replica_on_half_the_gpus():
     assert fp8.max_streams == pytest.approx(bf16.max_streams, rel=0.1)
     assert fp8.tpot_s == pytest.approx(bf16.tpot_s, rel=0.1)
     assert fp8.usd_per_m_output_tokens == pytest.approx(bf16.usd_per_m_output_tokens / 2, rel=0.1)
+
+
+def test_mixed_step_counts_the_decodes_and_the_prompt_chunks_of_an_average_step():
+    """By hand: 5 streams finishing after 5 tokens bring one new prompt per step (P=10, 4 of it cached): 6 prompt
+    tokens join the 5 decodes; decodes read their mean context 10 + 4/2 = 12, a chunk reads the cached 4 plus
+    half of the 6 before it; pairs: 5 x 13 for the decodes, 6 x 4 + 21 for the prompt; logits for 5 + 1 rows."""
+    dep = Deployment("llama-3.1-8b", "h100-sxm", tp=2)
+    got = mixed_step(dep, Scenario(10, 5, cached_tokens=4), batch=5)
+    assert got == forward_time(dep, 11, 5 * 12 + 7, 5 * 13 + 6 * 4 + 21, 6)
+
+
+@pytest.mark.parametrize("model, tp, weights, prompt, output, cached, batch", [
+    ("llama-3.1-70b", 4, "bf16", 2000, 1000, 0, 125), ("llama-3.1-70b", 4, "fp8", 1000, 200, 500, 117),
+    ("llama-3.1-70b", 4, "bf16", 2000, 300, 0, 67), ("llama-3-8b", 1, "fp8", 1000, 30, 600, 100),
+    ("llama-3.1-70b", 2, "fp8", 8000, 50, 0, 16), ("llama-3.1-8b", 1, "bf16", 200, 2000, 0, 150)])
+def test_a_chunked_step_costs_more_than_decode_alone_and_less_than_separate_passes(model, tp, weights, prompt,
+                                                                                  output, cached, batch):
+    """The estimator's TPOT is one pass for the decodes and the chunks (Sarathi-Serve): never faster than the
+    decodes alone, never slower than running each arriving prompt as a pass of its own (the serial model it
+    replaced, which read the weights again for every prompt), and the estimate's TPOT is that step."""
+    dep, sc = Deployment(model, "h100-sxm", tp=tp, weights=weights), Scenario(prompt, output, cached, batch)
+    mixed = mixed_step(dep, sc, batch).total_s
+    serial = decode_step(dep, batch, prompt + (output - 1) / 2).total_s + batch / output * prefill_time(dep, sc).total_s
+    assert decode_step(dep, batch, prompt + (output - 1) / 2).total_s < mixed < serial
+    assert estimate(dep, sc).tpot_s == mixed
+
+
+@settings(max_examples=30, deadline=None)
+@given(model=models, gpu=gpus, prompt=st.integers(2, 4000), output=st.integers(1, 1000), batch=st.integers(1, 64),
+       faster=st.floats(1.0, 4.0))
+def test_more_bandwidth_never_makes_decode_slower(model, gpu, prompt, output, batch, faster):
+    """The same replica on HBM `faster` times quicker: no slower a decode or mixed step, a TPOT target met at no
+    smaller a batch."""
+    slow = _dep(model, gpu)
+    fast = replace(slow, hardware=replace(slow.gpu, hbm_gb_s=slow.gpu.hbm_gb_s * faster))
+    batch, = _fit(slow, prompt, output, batch)
+    sc = Scenario(prompt, output, batch=batch)
+    assert decode_step(fast, batch, prompt).total_s <= decode_step(slow, batch, prompt).total_s
+    assert mixed_step(fast, sc, batch).total_s <= mixed_step(slow, sc, batch).total_s
+    target = estimate(slow, sc).tpot_s
+    assert batch_for_tpot(fast, replace(sc, batch=None), target) >= batch_for_tpot(slow, replace(sc, batch=None),
+                                                                                   target)
 
 
 def test_batch_for_tpot_is_the_largest_batch_within_the_target():

@@ -2,10 +2,13 @@
 the recommendation meets its own SLO when the whole fleet is simulated, and an impossible SLO says what fails."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from minillm.catalog import hardware_spec
 from minillm.cli import main
-from minillm.fleet.planner import Demand, check, plan, simulate_slice, size
+from minillm.fleet.planner import Demand, check, fixed_lengths, plan, simulate_slice, size
 from minillm.fleet.replica import ReplicaConfig
 from minillm.fleet.step_model import from_roofline
 
@@ -76,6 +79,7 @@ def test_an_impossible_slo_says_which_constraint_fails(capsys):
     (["--gpu", "h999"], "unknown GPU 'h999'; known: "),
     (["--slo", "ttft_p99=200ms"], "needs both ttft_p99 and tpot_p99"),
     (["--rps", "0"], "--rps must be a positive number"),
+    (["--prefix-len", "100"], "--prefix-len must be in [0, --prompt-len)"),
 ])
 def test_plan_bad_input(capsys, argv, says):
     base = {"--model": "llama-3.1-8b", "--gpu": "h100", "--rps": "10", "--slo": "ttft_p99=200ms,tpot_p99=50ms",
@@ -101,3 +105,31 @@ def test_a_disaggregated_split_is_sized_per_pool_and_holds_when_simulated():
     assert res.ttft.quantile(0.99) <= d.ttft_p99_s and res.tpot.quantile(0.99) <= d.tpot_p99_s
     labels = [x.label for x in plan("llama-3.1-8b", "h100-sxm", d, verify=0, disaggregate=True).layouts]
     assert f"TP=1 {lay.split[0]}P:{lay.split[1]}D" in labels and "TP=1" in labels
+
+
+def test_a_shared_prefix_is_prefilled_once_per_replica_and_never_costs_more():
+    """--prefix-len: the sizing counts only the tokens after the shared prefix, so a longer shared prefix never
+    needs more GPUs; the simulated requests really share it, and the replicas' prefix caches hit on all of its
+    full blocks after each replica's first request."""
+    sized = [gpus(size(SM, CFG, Demand(200, 1000, 50, 0.2, 0.05, prefix_len=c), 1)) for c in (0, 300, 600, 900)]
+    assert sized == sorted(sized, reverse=True) and sized[0] > sized[-1]
+    reqs = list(fixed_lengths(20, 2, 100, 5, seed=3, prefix_len=40))
+    assert len({tuple(r.prompt[:40]) for r in reqs}) == 1 and len({tuple(r.prompt[40:]) for r in reqs}) == len(reqs)
+    d = Demand(20, 100, 5, 1.0, 1.0, prefix_len=40)
+    res = simulate_slice(SM, CFG, d, replicas=2, duration=4, slice_replicas=2)
+    full_blocks = 40 // CFG.block_size * CFG.block_size
+    assert res.finished > 40 and res.cached_tokens == (res.finished - 2) * full_blocks
+    with pytest.raises(ValueError, match="prefix_len=100 must be in"):
+        Demand(1, 100, 5, 1.0, 1.0, prefix_len=100)
+
+
+def test_more_bandwidth_never_needs_more_gpus():
+    """The planner's sizing on an H100 whose HBM is 1.5x or 3x faster: never more GPUs for the same demand (long
+    answers under a tight TPOT, where the weight and KV reads bind, so faster memory needs strictly fewer)."""
+    h100 = hardware_spec("h100-sxm")
+    d = Demand(300, 200, 1000, 1.0, 0.012)
+    needed = []
+    for f in (1.0, 1.5, 3.0):
+        sm = from_roofline("llama-3.1-8b", replace(h100, hbm_gb_s=h100.hbm_gb_s * f))
+        needed.append(gpus(size(sm, ReplicaConfig.of(sm), d, 1)))
+    assert needed == sorted(needed, reverse=True) and needed[-1] < needed[0]

@@ -32,9 +32,15 @@ def tiny():
 def test_real_and_simulated_agree_and_a_wrong_model_is_flagged(tiny):
     engine, sm = tiny
     workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
-    good, real = val.validate(engine, sm, workloads, progress=False)
+    good, real = val.validate(engine, sm, workloads, progress=False, repeat=2)
     assert [r["workload"] for r in good.rows] == ["short load 0.5", "short load 2", "long load 0.5", "long load 2"]
-    for row, w, timelines in zip(good.rows, workloads, real):
+    for row, w, runs in zip(good.rows, workloads, real):
+        assert len(runs) == len(row["runs"]) == 2
+        for k in val.METRICS:      # the error is against the runs' mean; the spread is theirs
+            values = [r[k] for r in row["runs"]]
+            assert row["real"][k] == pytest.approx(sum(values) / 2)
+            assert row["spread"][k] == pytest.approx((max(values) - min(values)) / row["real"][k])
+        timelines = runs[0]
         assert row["requests"] == len(w.requests) == len(timelines) == 16
         assert sorted(t.output_len for t in timelines) == sorted(r.output_len for r in w.requests)   # ignore_eos
         assert set(row["real"]) == set(row["sim"]) == set(val.METRICS) and set(row["error"]) == set(val.METRICS)
@@ -45,6 +51,8 @@ def test_real_and_simulated_agree_and_a_wrong_model_is_flagged(tiny):
     assert wrong.median_error > 1.0, val.table(wrong)
     assert all(r["error"]["tpot_p50_ms"] > 1.0 for r in wrong.rows)
     assert "median error" in val.table(good) and "TPOT p99 ms" in val.table(good)
+    assert "real (mean of 2)" in val.table(good) and "own spread over 2 runs" in val.table(good)
+    assert math.isfinite(good.median_spread) and good.repeats == 2
 
 
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -69,3 +77,5 @@ def test_bad_input_is_one_clear_line(tmp_path, capsys, monkeypatch):
     assert "was not calibrated on 'tiny-random'" in err and "\n" not in err
     assert main(["fleet", "validate", "--step-model", str(tmp_path / "nope.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main(["fleet", "validate", "--model", "tiny-random", "--repeat", "0"]) == 2
+    assert "--repeat must be a positive integer" in capsys.readouterr().err

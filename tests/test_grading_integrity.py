@@ -378,6 +378,16 @@ def _liar_lab11_admission():
     return Liar
 
 
+def _liar_lab12_router():
+    class Liar:
+        def __init__(self, num_replicas, block_size, prefix_blocks, epsilon):
+            pass
+
+        def route(self, request, replicas):
+            return AlwaysEqualInt(0)
+    return Liar
+
+
 LIARS = {
     "lab00_1": lambda: (lambda t, i, o, b: (AlwaysEqualFloat(0), AlwaysEqualFloat(0))),
     "lab00_2": lambda: (lambda cfg, t, n, b: (FrameSnoop(0), FrameSnoop(0))),
@@ -415,6 +425,9 @@ LIARS = {
     "lab11_2": lambda: _liar_lab11_metrics,
     "lab11_3": lambda: (lambda traces, slos, duration: AlwaysEqualFloat(0)),
     "lab11_4": _liar_lab11_admission,
+    "lab12_1": lambda: (lambda traces: {k: FrameSnoop(0) for k in ("o_step", "o_seq", "c_token", "c_pair", "m_step",
+                                                                    "m_kv")}),
+    "lab12_2": _liar_lab12_router,
 }
 # No liar for the kernel (lab03_3): it returns nothing, its results are read from buffers the checker owns.
 NO_RESULT_TO_LIE_WITH = {"lab03_3"}

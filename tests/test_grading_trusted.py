@@ -354,7 +354,7 @@ def test_tampering_fails_through_nbgrader_autograde_with_the_trusted_hook(tmp_pa
 # one task of each kind per lab; each delegation form of tests/test_grading_integrity.py but the copy (graded by its
 # behaviour) — minillm's object itself, a wrapper / subclass / super() call / alias of it
 TRUSTED_DELEGATION = ("lab00_1", "lab01_1", "lab02_2", "lab02_3", "lab03_1", "lab04_1", "lab05_1", "lab06_2",
-                      "lab07_2", "lab08_2", "lab09_4", "lab10_2", "lab11_2", "lab11_4")
+                      "lab07_2", "lab08_2", "lab09_4", "lab10_2", "lab11_2", "lab11_4", "lab12_1", "lab12_2")
 
 
 def _delegation_cases():

@@ -263,6 +263,19 @@ def test_lab11_figures():
     assert "minillm" in texts(fig) and "peer" in texts(fig)
 
 
+def test_lab12_figures():
+    fig = plots.step_time_curve([0, 256, 512], {"max(compute, memory)": [0.008, 0.008, 0.012],
+                                                "compute + memory": [0.009, 0.013, 0.017]}, "a step", show=False)
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[8, 8, 12], [9, 13, 17]]
+    assert ax.get_lines()[0].get_linestyle() == "-" and ax.get_lines()[1].get_linestyle() == "--"
+    fig = plots.step_fit([0.001, 0.01], {"yours": [0.0011, 0.009], "sum": [0.002, 0.02]}, show=False)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert [c.get_offsets().tolist() for c in ax.collections] == [[[1, 1.1], [10, 9]], [[1, 2], [10, 20]]]
+    assert "yours" in texts(fig) and "sum" in texts(fig)
+
+
 def plot_calls(source: str) -> list[ast.Call]:
     return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)

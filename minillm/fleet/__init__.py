@@ -15,11 +15,11 @@ not imported here: this package's face stays torch-free.
 """
 from minillm.catalog import KNOWN_HARDWARE, Hardware, hardware_spec
 from minillm.fleet.estimator import (Deployment, Efficiency, Estimate, MemoryPlan, Scenario, StepTime, batch_for_tpot,
-                                     decode_step, estimate, forward_flops, forward_time, memory_plan, prefill_devices,
-                                     prefill_time, tp_comm_bytes_per_gpu, tp_comm_seconds)
+                                     decode_step, estimate, forward_flops, forward_time, memory_plan, mixed_step,
+                                     prefill_devices, prefill_time, tp_comm_bytes_per_gpu, tp_comm_seconds)
 from minillm.fleet.step_model import StepFeatures, StepModel, StepTrace, fit, from_roofline
 
 __all__ = ["Deployment", "Efficiency", "Estimate", "Hardware", "KNOWN_HARDWARE", "MemoryPlan", "Scenario",
            "StepFeatures", "StepModel", "StepTime", "StepTrace", "batch_for_tpot", "decode_step", "estimate", "fit",
-           "forward_flops", "forward_time", "from_roofline", "hardware_spec", "memory_plan", "prefill_devices",
-           "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]
+           "forward_flops", "forward_time", "from_roofline", "hardware_spec", "memory_plan", "mixed_step",
+           "prefill_devices", "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]

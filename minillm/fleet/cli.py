@@ -15,6 +15,8 @@ from minillm.quant.memory import WEIGHT_FORMATS
 
 ROUTER_NAMES = ("round-robin", "least-tokens", "prefix-aware")     # = routers.ROUTERS (a test keeps them equal)
 WORKLOAD_NAMES = ("chat", "rag", "multi-turn", "bursty")            # = workloads.WORKLOADS
+ENGINES = ("auto", "exact", "fast")
+AUTO_FAST_REQUESTS = 20_000   # auto runs the fast engine from this many requests (the exact one: ~1 min of wall)
 
 FLEET_EPILOG = """examples:
   minillm fleet calibrate                      # the default model on this machine; saves the step model
@@ -22,6 +24,8 @@ FLEET_EPILOG = """examples:
   minillm fleet validate                       # the simulator vs the real engine on held-out workloads
   minillm fleet simulate --replicas 4 --router prefix-aware --rate 20 --duration 600 --workload chat --plot out.png
   minillm fleet simulate --model llama-3.1-70b --gpu h100 --tp 4 --replicas 16 --rate 300 --workload rag
+  minillm fleet simulate --model llama-3.1-70b --gpu h100 --tp 4 --replicas 1035 --rate 10000 --duration 600 \\
+                         --engine fast            # 6M requests in well under a minute
   minillm fleet simulate --router round-robin least-tokens prefix-aware --workload multi-turn --rate 5
   minillm fleet simulate --model llama-3.1-8b --gpu h100 --disaggregate 2:2 --kv-link-gbps 400 --workload rag
   minillm fleet simulate --model llama-3.1-8b --gpu h100 --autoscale queue:1:8 --min-replicas 1 --max-replicas 8 \\
@@ -78,6 +82,9 @@ def add_fleet_parser(sub) -> argparse.ArgumentParser:
                    help="calibrate first (and save; with --quick a quick calibration), then validate")
     v.add_argument("--quick", action="store_true", help="fewer requests per workload, two loads (a quick look)")
     v.add_argument("--requests", type=int, default=None, help="requests per workload (default 100; --quick 16)")
+    v.add_argument("--repeat", type=int, default=1,
+                   help="real runs per workload (default 1): the error is against their mean, and the table shows "
+                        "the real engine's own run-to-run spread next to it")
     v.add_argument("--json", metavar="FILE", help="write the table (and the median and worst errors) as JSON")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -149,6 +156,14 @@ def add_fleet_parser(sub) -> argparse.ArgumentParser:
                         "there costs a PCIe transfer instead of a recompute (default 0: off)")
     o.add_argument("--pcie-gbps", type=float, default=256.0,
                    help="host<->GPU bandwidth in gigabits/s (default 256: PCIe 4.0 x16, 32 GB/s)")
+    s.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="exact: every replica runs the engine's own Scheduler and BlockManager (about 200-500 "
+                        "simulated requests per wall second); fast: aggregate replicas in numpy (the same policy "
+                        "on per-replica totals, ~10^5 requests per wall second, within a few %% of exact: "
+                        "docs/fleet.md); auto (default): fast from "
+                        f"{AUTO_FAST_REQUESTS:,} expected requests (--rate x --duration, or a trace's lines) up, "
+                        "unless a flag only the exact engine models is given (--disaggregate, --autoscale, "
+                        "--fail-at, --mtbf, --kv-offload-gib)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -166,6 +181,9 @@ def add_fleet_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--slo", required=True, metavar="ttft_p99=200ms,tpot_p99=50ms", help="the p99 latency targets")
     p.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, required=True, help="output tokens per request")
+    p.add_argument("--prefix-len", type=int, default=0,
+                   help="leading prompt tokens every request shares, e.g. a system prompt (default 0): the prefix "
+                        "cache holds them, so a replica computes only the rest")
     p.add_argument("--price-per-gpu-hour", type=float, default=3.0, help="$ per GPU-hour (default 3)")
     p.add_argument("--weights", default="bf16", help=f"weight format ({', '.join(WEIGHT_FORMATS)})")
     p.add_argument("--verify", type=int, default=2, help="layouts to check by simulation, cheapest first (default 2)")
@@ -197,6 +215,7 @@ def check_args(args) -> None:
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"--{name} must be a positive number, got {v}")
     check_fleet_features(args)
+    check_engine(args)
     if not math.isfinite(args.epsilon) or args.epsilon < 0:
         raise ValueError(f"--epsilon must be a number >= 0, got {args.epsilon}")
     bad = [r for r in args.router if r not in ROUTER_NAMES]
@@ -245,7 +264,25 @@ def check_fleet_features(args) -> None:
         args.slo = Slo.parse(args.slo)
 
 
+def exact_only_flags(args) -> list[str]:
+    """The flags given that only the exact engine simulates (the fast one models a fixed unified fleet)."""
+    given = [("--disaggregate", args.disaggregate is not None), ("--autoscale", args.autoscale is not None),
+             ("--fail-at", bool(args.fail_at)), ("--mtbf", args.mtbf is not None),
+             ("--kv-offload-gib", bool(args.kv_offload_gib))]
+    return [flag for flag, on in given if on]
+
+
+def check_engine(args) -> None:
+    """--engine fast with a flag it does not model stops here, naming the flag and the fix."""
+    blocked = exact_only_flags(args)
+    if args.engine == "fast" and blocked:
+        raise ValueError(f"--engine fast does not simulate {', '.join(blocked)} (the fast engine models a fixed "
+                         "fleet of unified replicas): use --engine exact (or auto)")
+
+
 def check_validate_args(args) -> None:
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be a positive integer, got {args.repeat}")
     if args.requests is not None and args.requests < 2:
         raise ValueError(f"--requests must be an integer >= 2, got {args.requests}")
     if args.step_model is not None and not Path(args.step_model).is_file():
@@ -276,6 +313,9 @@ def check_plan_args(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if not math.isfinite(args.price_per_gpu_hour) or args.price_per_gpu_hour < 0:
         raise ValueError(f"--price-per-gpu-hour must be >= 0, got {args.price_per_gpu_hour}")
+    if not 0 <= args.prefix_len < args.prompt_len:
+        raise ValueError(f"--prefix-len must be in [0, --prompt-len), got {args.prefix_len}: the shared prefix is "
+                         "part of the prompt, and at least one prompt token is computed")
     if not args.kv_link_gbps > 0:
         raise ValueError(f"--kv-link-gbps must be > 0 (inf for an instant link), got {args.kv_link_gbps}")
     args.slo = parse_p99_slo(args.slo)

@@ -12,19 +12,22 @@ It counts what a step must do and divides by what the hardware offers, nothing m
   tokens x hidden x 2 bytes, moved as a ring (2(N-1)/N of the message per device) over one direction of
   the scale-up link, plus a fixed latency per all-reduce. Not overlapped with compute.
 * Time of a forward pass = max(FLOPs / (peak x mfu), bytes / (HBM bandwidth x mbu)) + communication.
-* Prefill and decode do not overlap: a replica's time per request is its prefill plus its share of the
-  decode steps. Chunked prefill can hide some prefill under a bandwidth-bound decode step, so real cost
-  can be lower by at most the decode share; disaggregated prefill pays exactly this sum.
-* TPOT in steady state = one decode step + the prefills that land between a stream's tokens: with `batch`
-  streams each finishing after `output` tokens, batch / output new prompts arrive per step on average.
-  These are means; p95/p99 need headroom that only a load test (or the fleet simulator) can size.
+* Chunked prefill (Sarathi-Serve, as minillm's scheduler runs it): prompts are cut into chunks that share
+  a forward pass with the running decodes. In steady state, with `batch` streams each finishing after
+  `output` tokens, batch / output new prompts arrive per step, so the average step carries `batch` decode
+  tokens plus that many prompts' uncached tokens, and is priced as one pass (max of compute and memory):
+  the weights are read once, and prompt FLOPs fill the compute a memory-bound decode leaves idle.
+  TPOT = that mixed step; a request's GPU time = its share of the steps it decodes in. Disaggregated
+  prefill (prefill_devices) cannot share passes and pays each prompt's own pass.
+  These are means; p95/p99 need headroom that only a load test or the fleet simulator can size.
 * Memory: weights shard evenly over tp devices (K/V projections replicated past tp = KV heads are not
   counted); each device keeps memory_utilization x HBM minus runtime_gb, the rest is the KV pool.
   Decode streams sit at the mean context prompt + output / 2; max_streams reserves the full
   prompt + output per stream (the no-preemption ceiling).
 
 Efficiencies are assumptions to calibrate with a load test (`Efficiency`); specs are datasheet peaks
-(minillm.catalog.KNOWN_HARDWARE). No queueing: TTFT is an idle replica's prefill time.
+(minillm.catalog.KNOWN_HARDWARE). No queueing: TTFT is an idle replica's prefill time (`minillm fleet simulate`
+adds the queue).
 """
 from __future__ import annotations
 
@@ -152,10 +155,10 @@ class Estimate:
     decode_step: StepTime          # one decode step of `batch` sequences at the mean context
     prefill: StepTime              # one request's prefill on an idle replica
     ttft_s: float                  # = prefill.total_s (no queueing)
-    tpot_s: float                  # decode step + the prefills interleaved per step (batch / output of them)
+    tpot_s: float                  # the mixed step: decodes + the prompt chunks arriving per step, one pass
     output_tokens_per_s: float     # replica, steady state
     gpu_seconds_per_request: float
-    prefill_share: float           # of a request's GPU time
+    prefill_share: float           # of a request's GPU time: 1 - decode-only step / mixed step
     usd_per_m_output_tokens: float
     achieved_flops: float          # replica FLOP/s this throughput needs (prefill + decode)
     peak_flops: float              # replica dense peak in the format's compute dtype
@@ -200,8 +203,8 @@ def _prefill_pairs(sc: Scenario) -> float:
     return new * sc.cached_tokens + new * (new + 1) / 2
 
 
-def forward_time(dep: Deployment, new_tokens: int, kv_tokens_read: float, attn_pairs: float,
-                 logit_tokens: int, eff: Efficiency = Efficiency()) -> StepTime:
+def forward_time(dep: Deployment, new_tokens: float, kv_tokens_read: float, attn_pairs: float,
+                 logit_tokens: float, eff: Efficiency = Efficiency()) -> StepTime:
     """One forward pass: `new_tokens` through the matmuls, `attn_pairs` (query, key) pairs of attention,
     `kv_tokens_read` cached tokens' K and V streamed from HBM, logits for `logit_tokens` rows."""
     flops = forward_flops(dep.config, new_tokens, attn_pairs, logit_tokens)
@@ -242,6 +245,18 @@ def decode_step(dep: Deployment, batch: int, context: float, eff: Efficiency = E
     return forward_time(dep, batch, batch * context, batch * (context + 1), logit_tokens=batch, eff=eff)
 
 
+def mixed_step(dep: Deployment, sc: Scenario, batch: int, eff: Efficiency = Efficiency()) -> StepTime:
+    """The steady state's average step under chunked prefill: `batch` decodes at the mean context plus the
+    prompt chunks that arrive per step (batch / output prompts), in one forward pass. The weights are read
+    once for all of them, and the chunks' FLOPs fill the compute a memory-bound decode leaves idle."""
+    rate = batch / sc.output_tokens
+    new = sc.prompt_tokens - sc.cached_tokens
+    ctx = _mean_context(sc)
+    # a chunk reads the cached prefix and the chunks before it: on average the prefix plus half the prompt
+    return forward_time(dep, batch + rate * new, batch * ctx + rate * (sc.cached_tokens + new / 2),
+                        batch * (ctx + 1) + rate * _prefill_pairs(sc), logit_tokens=batch + rate, eff=eff)
+
+
 def _mean_context(sc: Scenario) -> float:
     return sc.prompt_tokens + (sc.output_tokens - 1) / 2
 
@@ -262,9 +277,8 @@ def estimate(dep: Deployment, sc: Scenario, eff: Efficiency = Efficiency()) -> E
     ctx = _mean_context(sc)
     step = decode_step(dep, batch, ctx, eff)
     pre = prefill_time(dep, sc, eff)
-    tpot = step.total_s + batch / sc.output_tokens * pre.total_s
-    decode_gpu_s = sc.output_tokens * step.total_s / batch * dep.tp
-    gpu_s = pre.total_s * dep.tp + decode_gpu_s
+    tpot = mixed_step(dep, sc, batch, eff).total_s
+    gpu_s = sc.output_tokens * tpot / batch * dep.tp
     prefill_flops = forward_flops(dep.config, sc.prompt_tokens - sc.cached_tokens, _prefill_pairs(sc), 1)
     decode_flops = forward_flops(dep.config, 1, ctx + 1, 1)
     throughput = batch / tpot
@@ -272,7 +286,7 @@ def estimate(dep: Deployment, sc: Scenario, eff: Efficiency = Efficiency()) -> E
     return Estimate(
         memory=mem, devices=dep.tp, max_streams=streams, batch=batch, prefill_flops=prefill_flops,
         decode_flops_per_token=decode_flops, decode_step=step, prefill=pre, ttft_s=pre.total_s, tpot_s=tpot,
-        output_tokens_per_s=throughput, gpu_seconds_per_request=gpu_s, prefill_share=pre.total_s * dep.tp / gpu_s,
+        output_tokens_per_s=throughput, gpu_seconds_per_request=gpu_s, prefill_share=1 - step.total_s / tpot,
         usd_per_m_output_tokens=gpu_s / sc.output_tokens * 1e6 * sc.usd_per_gpu_hour / 3600,
         achieved_flops=requests_per_s * (prefill_flops + sc.output_tokens * decode_flops),
         peak_flops=dep.tp * dep.gpu.peak_flops(dep.format.compute))
@@ -285,7 +299,7 @@ def prefill_devices(dep: Deployment, sc: Scenario, requests_per_s: float, eff: E
 
 
 def batch_for_tpot(dep: Deployment, sc: Scenario, tpot_s: float, eff: Efficiency = Efficiency()) -> int:
-    """The largest batch whose TPOT (decode step + interleaved prefills) stays within `tpot_s`, capped by
+    """The largest batch whose TPOT (the mixed step: decodes + prompt chunks) stays within `tpot_s`, capped by
     what the KV pool holds; 0 when even one stream misses it. TPOT grows with the batch, so bisect."""
     top = estimate(dep, replace(sc, batch=None), eff).max_streams
     ok = lambda b: estimate(dep, replace(sc, batch=b), eff).tpot_s <= tpot_s  # noqa: E731
@@ -299,5 +313,5 @@ def batch_for_tpot(dep: Deployment, sc: Scenario, tpot_s: float, eff: Efficiency
 
 
 __all__ = ["Deployment", "Efficiency", "Estimate", "MemoryPlan", "Scenario", "StepTime", "batch_for_tpot",
-           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "prefill_devices",
-           "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]
+           "decode_step", "estimate", "forward_flops", "forward_time", "memory_plan", "mixed_step",
+           "prefill_devices", "prefill_time", "tp_comm_bytes_per_gpu", "tp_comm_seconds"]

@@ -46,11 +46,21 @@ class Demand:
     ttft_p99_s: float
     tpot_p99_s: float
     usd_per_gpu_hour: float = 3.0
+    prefix_len: int = 0                # leading prompt tokens every request shares (a system prompt)
 
     def __post_init__(self) -> None:
         if not (self.rps > 0 and self.prompt_len >= 1 and self.output_len >= 1 and self.ttft_p99_s > 0
                 and self.tpot_p99_s > 0 and self.usd_per_gpu_hour >= 0):
             raise ValueError("plan needs rps > 0, prompt and output lengths >= 1, SLO targets > 0, a price >= 0")
+        if not 0 <= self.prefix_len < self.prompt_len:
+            raise ValueError(f"prefix_len={self.prefix_len} must be in [0, prompt_len={self.prompt_len}): the "
+                             "shared prefix is part of the prompt, and at least one prompt token is computed")
+
+    @property
+    def new_prompt_len(self) -> float:
+        """Prompt tokens a replica computes per request in steady state: its prefix cache holds the shared
+        prefix's full blocks (the planner's replicas all see every prefix, so none is cold for long)."""
+        return self.prompt_len - self.prefix_len
 
     @property
     def output_tokens_per_hour(self) -> float:
@@ -95,18 +105,20 @@ class Layout:
 def load(lam: float, t: float, d: Demand, role: str = UNIFIED) -> tuple[float, float]:
     """(B decoding sequences, p prompt tokens) in a steady step of t seconds at lam requests/s (Little's law)."""
     B = 0.0 if role == PREFILL else lam * (d.output_len - (role == DECODE)) * t
-    p = 0.0 if role == DECODE else lam * d.prompt_len * t
+    p = 0.0 if role == DECODE else lam * d.new_prompt_len * t
     return B, p
 
 
 def steady_features(lam: float, t: float, d: Demand, role: str = UNIFIED) -> StepFeatures:
     """One steady step at lam requests/s with step time t: B decodes at the mean decode context, p prompt tokens
-    at the mean prefill context."""
+    at the mean prefill context (a chunk reads the shared prefix and half of the rest before it)."""
     L, O = d.prompt_len, d.output_len
     B, p = load(lam, t, d, role)
     ctx = L + O / 2
-    return StepFeatures(prefill_tokens=round(p), decode_tokens=round(B), kv_tokens=round(B * (ctx + 1) + p + L / 2),
-                        attn_pairs=round(B * (ctx + 1) + p * (L / 2 + p / 2)), num_seqs=math.ceil(B + min(p, 1)))
+    before = d.prefix_len + d.new_prompt_len / 2
+    return StepFeatures(prefill_tokens=round(p), decode_tokens=round(B),
+                        kv_tokens=round(B * (ctx + 1) + p + before),
+                        attn_pairs=round(B * (ctx + 1) + p * (before + p / 2)), num_seqs=math.ceil(B + min(p, 1)))
 
 
 def steady_step(sm: StepModel, lam: float, d: Demand, role: str = UNIFIED, iters: int = 200) -> float:
@@ -131,7 +143,7 @@ def check(sm: StepModel, cfg: ReplicaConfig, lam: float, d: Demand, headroom: fl
         return "no steady state (overloaded)", t, math.inf
     B, p = load(lam, t, d, role)
     chunk = max(1.0, cfg.max_num_batched_tokens - B)
-    ttft = t * (math.ceil(d.prompt_len / chunk) + 1)       # its chunks, plus the step it waits to join
+    ttft = t * (math.ceil(d.new_prompt_len / chunk) + 1)   # its chunks, plus the step it waits to join
     if B + p > cfg.max_num_batched_tokens:
         return f"needs {B + p:.0f} tokens a step, budget {cfg.max_num_batched_tokens}", t, ttft
     if B > cfg.max_num_seqs:
@@ -188,12 +200,14 @@ def size(sm: StepModel, cfg: ReplicaConfig, d: Demand, tp: int, headroom: float 
 
 # ---------------------------------------------------------------------- verification
 
-def fixed_lengths(rate: float, duration: float, prompt_len: int, output_len: int,
-                  seed: int = 0) -> Iterator[SimRequest]:
-    """Poisson arrivals of requests with these lengths and fresh random prompts (no prefix sharing)."""
+def fixed_lengths(rate: float, duration: float, prompt_len: int, output_len: int, seed: int = 0,
+                  prefix_len: int = 0) -> Iterator[SimRequest]:
+    """Poisson arrivals of requests with these lengths: `prefix_len` leading tokens the same in every prompt,
+    the rest fresh random tokens."""
     rng = np.random.default_rng(seed)
+    prefix = rng.integers(3, VOCAB, prefix_len).tolist()
     for i, t in enumerate(arrival_times(rng, rate, duration)):
-        yield SimRequest(i, t, rng.integers(3, VOCAB, prompt_len).tolist(), output_len)
+        yield SimRequest(i, t, prefix + rng.integers(3, VOCAB, prompt_len - prefix_len).tolist(), output_len)
 
 
 def simulate_slice(sm: StepModel, cfg: ReplicaConfig, d: Demand, replicas: int, duration: float,
@@ -204,14 +218,14 @@ def simulate_slice(sm: StepModel, cfg: ReplicaConfig, d: Demand, replicas: int, 
     (the larger of the two shares sets the rate: conservative)."""
     if split is None:
         k = min(replicas, slice_replicas)
-        reqs = fixed_lengths(d.rps * k / replicas, duration, d.prompt_len, d.output_len, seed)
+        reqs = fixed_lengths(d.rps * k / replicas, duration, d.prompt_len, d.output_len, seed, d.prefix_len)
         return simulate(reqs, [Replica(sm, cfg) for _ in range(k)], LeastTokens(), f"{k} of {replicas}")
     P, D = split
     pairs = [(max(1, min(P, round(P * kd / D))), kd) for kd in range(1, min(D, slice_replicas) + 1)]
     pairs += [(kp, max(1, min(D, round(D * kp / P)))) for kp in range(1, min(P, slice_replicas) + 1)]
     pairs = [k for k in pairs if sum(k) <= 2 * slice_replicas] or [(1, 1)]        # a slice stays cheap
     kp, kd = min(pairs, key=lambda k: (max(k[0] / P, k[1] / D) / min(k[0] / P, k[1] / D), k[0] + k[1]))
-    reqs = fixed_lengths(d.rps * max(kp / P, kd / D), duration, d.prompt_len, d.output_len, seed)
+    reqs = fixed_lengths(d.rps * max(kp / P, kd / D), duration, d.prompt_len, d.output_len, seed, d.prefix_len)
     link = KVLink(sm.replica["kv_bytes_per_token"], link_gbps)
     return simulate(reqs, [Replica(sm, cfg) for _ in range(kp)], LeastTokens(), f"{kp}P:{kd}D of {P}P:{D}D",
                     decode_replicas=[Replica(sm, cfg) for _ in range(kd)], kv_link=link)

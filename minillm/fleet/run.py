@@ -10,9 +10,11 @@ from pathlib import Path
 import matplotlib
 
 from minillm import plots
-from minillm.fleet import workloads
-from minillm.fleet import validate
+from minillm.fleet import validate, workloads
+from minillm.fleet.aggregate import from_requests, simulate_aggregate, streams
+from minillm.fleet.aggregate.state import check_supported
 from minillm.fleet.calibrate import build_engine, calibrate, default_path
+from minillm.fleet.cli import AUTO_FAST_REQUESTS, exact_only_flags
 from minillm.fleet.offload import HostTier
 from minillm.fleet.planner import Demand, plan, report
 from minillm.fleet.policies import KVLink
@@ -56,7 +58,7 @@ def run_validate(args) -> int:
     longest_output = max(m.output_range[1] for m in validate.MIXES)
     workloads = validate.held_out_workloads(sm, engine.model.cfg.vocab_size, n, loads, seed=args.seed,
                                             max_prompt=engine.max_model_len - longest_output)
-    v, _ = validate.validate(engine, sm, workloads, progress=not args.no_progress)
+    v, _ = validate.validate(engine, sm, workloads, progress=not args.no_progress, repeat=args.repeat)
     print(f"step model: {sm.source}; {n} requests per workload, Poisson arrivals, seed {args.seed}")
     print(validate.table(v))
     if args.json:
@@ -172,6 +174,51 @@ def simulate_one(args, sm: StepModel, cfg: ReplicaConfig, router_name: str) -> F
                     retries=args.retries, slo=args.slo, **kw)
 
 
+def simulate_fast(args, sm: StepModel, cfg: ReplicaConfig, router_name: str) -> FleetResult:
+    """One run on the aggregate replicas (minillm.fleet.aggregate): the named workload drawn in columns, or the
+    trace's requests turned into columns."""
+    if args.trace:
+        reqs = from_requests(workloads.read_trace(args.trace, seed=args.seed, vocab=workloads.VOCAB), cfg.block_size,
+                             args.prefix_blocks)
+    else:
+        reqs = streams.batches(args.workload, args.rate, args.duration, seed=args.seed, cv=args.cv,
+                               block_size=cfg.block_size, prefix_blocks=args.prefix_blocks)
+    return simulate_aggregate(reqs, sm, cfg, args.replicas, router_name, prefix_blocks=args.prefix_blocks,
+                              epsilon=args.epsilon, slo=args.slo, horizon=args.duration,
+                              progress=not args.no_progress and sys.stderr.isatty())
+
+
+def expected_requests(args) -> int:
+    """How many requests the run will simulate, about: the trace's lines, or rate x duration."""
+    if args.trace:
+        with open(args.trace, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    return int(args.rate * args.duration)
+
+
+def engine_of(args, cfg: ReplicaConfig) -> tuple[str, str]:
+    """("exact" | "fast", why). --engine fast that cannot run says so (naming the flag or setting and the fix)."""
+    try:
+        check_supported(cfg)
+        unsupported = ""
+    except ValueError as e:
+        unsupported = str(e)
+    if args.engine == "fast":
+        if unsupported:
+            raise ValueError(unsupported)
+        return "fast", "--engine fast"
+    if args.engine == "exact":
+        return "exact", "--engine exact"
+    n = expected_requests(args)
+    if n < AUTO_FAST_REQUESTS:
+        return "exact", f"auto: ~{n:,} requests, under {AUTO_FAST_REQUESTS:,}"
+    blocked = exact_only_flags(args)
+    if blocked or unsupported:
+        why = f"{', '.join(blocked)} needs it" if blocked else unsupported.split(": use")[0]
+        return "exact", f"auto: ~{n:,} requests, but {why} (slow: minutes per 10^5 requests)"
+    return "fast", f"auto: ~{n:,} requests, {AUTO_FAST_REQUESTS:,} or more"
+
+
 def to_json(results: list[FleetResult]) -> str:
     """Every run's row (NaN as null) and its replica timeline."""
     def clean(v):
@@ -186,11 +233,15 @@ def run_simulate(args) -> int:
                            num_blocks=args.num_blocks)
     print(f"step model: {sm.source}; per replica {cfg.num_blocks} KV blocks of {cfg.block_size}, max_num_seqs "
           f"{cfg.max_num_seqs}, token budget {cfg.max_num_batched_tokens}")
+    engine, why = engine_of(args, cfg)
+    print(f"engine: {engine} ({why})")
     results = []
     for name in args.router:
-        res = simulate_one(args, sm, cfg, name)
+        res = (simulate_fast if engine == "fast" else simulate_one)(args, sm, cfg, name)
         results.append(res)
-        _log(f"[{name}: {res.finished + res.failed} requests, {res.steps} steps in {res.wall_s:.1f} s wall]")
+        n = res.finished + res.failed
+        print(f"[{name}, {engine} engine: {n:,} requests, {res.steps:,} replica steps in {res.wall_s:.1f} s wall = "
+              f"{res.requests_per_wall_s:,.0f} simulated requests per wall second]")
     print(table(results))
     if args.slo is not None:
         print(f"SLO: {args.slo}")
@@ -212,7 +263,8 @@ def run_simulate(args) -> int:
 
 
 def run_plan(args) -> int:
-    d = Demand(args.rps, args.prompt_len, args.output_len, *args.slo, usd_per_gpu_hour=args.price_per_gpu_hour)
+    d = Demand(args.rps, args.prompt_len, args.output_len, *args.slo, usd_per_gpu_hour=args.price_per_gpu_hour,
+               prefix_len=args.prefix_len)
     p = plan(args.model, args.gpu, d, args.weights, verify=args.verify, duration=args.duration, seed=args.seed,
              disaggregate=args.disaggregate, link_gbps=args.kv_link_gbps, log=_log)
     print(report(p))

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from minillm import interfaces
@@ -140,6 +141,32 @@ class FleetResult:
             self.tpot.add(tpot)
         if self.slo is not None and self.slo.met(ttft, tpot):
             self.slo_met += 1
+
+    def add_many(self, arrival: np.ndarray, first_scheduled: np.ndarray, first_token: np.ndarray,
+                 finished: np.ndarray, output_len: np.ndarray, prompt_len: np.ndarray, cached_tokens: np.ndarray,
+                 preemptions: np.ndarray) -> None:
+        """add() for finished requests given as columns (the aggregate simulator's finishes of one round)."""
+        if not len(arrival):
+            return
+        self.finished += len(arrival)
+        self.first_arrival = min(self.first_arrival, float(arrival.min()))
+        self.last_finish = max(self.last_finish, float(finished.max()))
+        self.prompt_tokens += int(prompt_len.sum())
+        self.cached_tokens += int(cached_tokens.sum())
+        self.output_tokens += int(output_len.sum())
+        self.preemptions += int(preemptions.sum())
+        ttft = first_token - arrival
+        self.ttft.add_many(ttft)
+        self.e2e.add_many(finished - arrival)
+        self.queueing.add_many(first_scheduled - arrival)
+        many = output_len > 1
+        tpot = (finished - first_token)[many] / (output_len[many] - 1)
+        self.tpot.add_many(tpot)
+        if self.slo is not None:
+            ok = np.full(len(ttft), True) if self.slo.ttft_s is None else ttft <= self.slo.ttft_s
+            if self.slo.tpot_s is not None:
+                ok[many] &= tpot <= self.slo.tpot_s
+            self.slo_met += int(ok.sum())
 
     @property
     def makespan(self) -> float:

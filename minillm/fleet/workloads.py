@@ -43,10 +43,17 @@ def arrival_gaps(rng: np.random.Generator, rate: float, cv: float = 1.0, chunk: 
     so the mean stays 1/rate)."""
     if rate <= 0 or cv <= 0:
         raise ValueError(f"the arrival rate and its CV must be > 0, got rate={rate}, cv={cv}")
+    for gaps in gap_chunks(rng, rate, cv, chunk):
+        yield from gaps.tolist()
+
+
+def gap_chunks(rng: np.random.Generator, rate: float, cv: float = 1.0, chunk: int = 4096) -> Iterator[np.ndarray]:
+    """arrival_gaps a chunk (an array) at a time: the same draws, for the columnar workloads."""
+    if rate <= 0 or cv <= 0:
+        raise ValueError(f"the arrival rate and its CV must be > 0, got rate={rate}, cv={cv}")
     shape = 1.0 / (cv * cv)
     while True:
-        gaps = rng.exponential(1 / rate, chunk) if cv == 1.0 else rng.gamma(shape, 1 / (rate * shape), chunk)
-        yield from gaps.tolist()
+        yield rng.exponential(1 / rate, chunk) if cv == 1.0 else rng.gamma(shape, 1 / (rate * shape), chunk)
 
 
 def arrival_times(rng: np.random.Generator, rate: float, duration: float, cv: float = 1.0) -> Iterator[float]:
@@ -63,6 +70,29 @@ def _lognormal_len(rng: np.random.Generator, median: float, sigma: float, lo: in
     return int(min(hi, max(lo, round(rng.lognormal(math.log(median), sigma)))))
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """A lognormal token count: its median, its sigma and its cap, before a workload's `scale` shrinks them. The
+    request generators here and the columnar ones (aggregate/streams.py) draw from the same Lengths."""
+    median: float
+    sigma: float
+    cap: int
+
+    def draw(self, rng: np.random.Generator, scale: float) -> int:
+        return _lognormal_len(rng, self.median * scale, self.sigma, 1, int(self.cap * scale) + 1)
+
+    def draw_many(self, rng: np.random.Generator, scale: float, n: int) -> np.ndarray:
+        x = np.round(rng.lognormal(math.log(self.median * scale), self.sigma, n))
+        return np.clip(x, 1, int(self.cap * scale) + 1).astype(np.int64)
+
+
+# The mixes, once (tokens; the system prompts' lengths are drawn uniformly from CHAT_SYSTEM).
+CHAT_SYSTEM, CHAT_USER, CHAT_ANSWER = (64, 256), Lengths(200, 0.8, 4000), Lengths(150, 0.7, 1024)
+RAG_INSTRUCTION, RAG_DOC, RAG_DOCS = 120, Lengths(600, 0.3, 1500), (2, 6)     # 2..5 documents a prompt
+RAG_QUESTION, RAG_ANSWER, RAG_ZIPF = Lengths(40, 0.5, 200), Lengths(120, 0.6, 512), 1.1
+TURN_SYSTEM, TURN_MESSAGE, TURN_ANSWER = 150, Lengths(80, 0.7, 1000), Lengths(150, 0.6, 800)
+
+
 def _ids(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
     return rng.integers(3, vocab, n).tolist()
 
@@ -72,13 +102,13 @@ def chat(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: in
     """A chat mix: one of a few system prompts (shared prefixes), a user message (median 200 tokens) and an
     answer (median 150 tokens), lognormal lengths. `scale` shrinks every length (tiny models in tests)."""
     rng = np.random.default_rng(seed)
-    systems = [_ids(rng, max(1, int(s * scale)), vocab) for s in rng.integers(64, 256, num_system_prompts)]
+    systems = [_ids(rng, max(1, int(s * scale)), vocab) for s in rng.integers(*CHAT_SYSTEM, num_system_prompts)]
     weights = 1 / np.arange(1, num_system_prompts + 1)    # Zipf: a few apps carry most traffic
     weights /= weights.sum()
     for i, t in enumerate(arrival_times(rng, rate, duration, cv)):
         system = systems[rng.choice(num_system_prompts, p=weights)]
-        user = _ids(rng, _lognormal_len(rng, 200 * scale, 0.8, 1, int(4000 * scale) + 1), vocab)
-        yield SimRequest(i, t, system + user, _lognormal_len(rng, 150 * scale, 0.7, 1, int(1024 * scale) + 1))
+        user = _ids(rng, CHAT_USER.draw(rng, scale), vocab)
+        yield SimRequest(i, t, system + user, CHAT_ANSWER.draw(rng, scale))
 
 
 def rag(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: int = VOCAB, num_docs: int = 200,
@@ -86,18 +116,17 @@ def rag(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: int
     """Long-prompt retrieval: a shared instruction, k in 2..5 documents of ~600 tokens from a Zipf-popular pool
     (the first one retrieved is often the same), a question; short answers (median 120 tokens)."""
     rng = np.random.default_rng(seed)
-    instruction = _ids(rng, max(1, int(120 * scale)), vocab)
-    docs = [_ids(rng, _lognormal_len(rng, 600 * scale, 0.3, 1, int(1500 * scale) + 1), vocab)
-            for _ in range(num_docs)]
-    popularity = 1 / np.arange(1, num_docs + 1) ** 1.1
+    instruction = _ids(rng, max(1, int(RAG_INSTRUCTION * scale)), vocab)
+    docs = [_ids(rng, RAG_DOC.draw(rng, scale), vocab) for _ in range(num_docs)]
+    popularity = 1 / np.arange(1, num_docs + 1) ** RAG_ZIPF
     popularity /= popularity.sum()
     for i, t in enumerate(arrival_times(rng, rate, duration, cv)):
-        picked = rng.choice(num_docs, size=int(rng.integers(2, 6)), replace=False, p=popularity)
+        picked = rng.choice(num_docs, size=int(rng.integers(*RAG_DOCS)), replace=False, p=popularity)
         prompt = list(instruction)
         for d in picked:
             prompt += docs[d]
-        prompt += _ids(rng, _lognormal_len(rng, 40 * scale, 0.5, 1, int(200 * scale) + 1), vocab)
-        yield SimRequest(i, t, prompt, _lognormal_len(rng, 120 * scale, 0.6, 1, int(512 * scale) + 1))
+        prompt += _ids(rng, RAG_QUESTION.draw(rng, scale), vocab)
+        yield SimRequest(i, t, prompt, RAG_ANSWER.draw(rng, scale))
 
 
 def multi_turn(rate: float, duration: float, seed: int = 0, cv: float = 1.0, vocab: int = VOCAB,
@@ -106,7 +135,7 @@ def multi_turn(rate: float, duration: float, seed: int = 0, cv: float = 1.0, voc
     conversation so far (previous prompt + previous answer + a new user message), the next turn comes
     `think_s` (exponential) later. `rate` is requests per second over all turns. Memory: the live sessions."""
     rng = np.random.default_rng(seed)
-    system = _ids(rng, max(1, int(150 * scale)), vocab)
+    system = _ids(rng, max(1, int(TURN_SYSTEM * scale)), vocab)
     pending: list[tuple[float, int, list[int], int]] = []   # (arrival, session, history, turns left)
     starts = arrival_gaps(rng, rate / mean_turns, cv)
     next_start, session, rid = next(starts), 0, 0
@@ -124,8 +153,8 @@ def multi_turn(rate: float, duration: float, seed: int = 0, cv: float = 1.0, voc
             if not pending and next_start >= duration:
                 return
             continue
-        prompt = history + _ids(rng, _lognormal_len(rng, 80 * scale, 0.7, 1, int(1000 * scale) + 1), vocab)
-        out_len = _lognormal_len(rng, 150 * scale, 0.6, 1, int(800 * scale) + 1)
+        prompt = history + _ids(rng, TURN_MESSAGE.draw(rng, scale), vocab)
+        out_len = TURN_ANSWER.draw(rng, scale)
         out_ids = _ids(rng, out_len, vocab)
         yield SimRequest(rid, t, prompt, out_len, out_ids)
         rid += 1

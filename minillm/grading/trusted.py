@@ -27,14 +27,15 @@ from typing import Any, Callable
 import torch
 from nbgrader.preprocessors import Execute
 
-from minillm.grading import lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, lab11, wire
+from minillm.grading import (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09, lab10, lab11, lab12,
+                             wire)
 from minillm.grading import core
 from minillm.grading.core import GradingError, Task, note_call, show
 from minillm.grading.handin import extraction_cell, graded_call, payloads
 from minillm.grading.sandbox import Sandbox
 
 TASKS: dict[str, Task] = {tid: task for lab in (lab00, lab01, lab02, lab03, lab04, lab05, lab06, lab07, lab08, lab09,
-                                                lab10, lab11) for tid, task in lab.TASKS.items()}
+                                                lab10, lab11, lab12) for tid, task in lab.TASKS.items()}
 
 
 # --------------------------------------------------------------------------- 2. stand-ins for the answer

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 VALUE_CLASSES = frozenset({"minillm.structured.automata.DFA", "minillm.structured.token_index.TokenIndex",
+                           "minillm.fleet.workloads.SimRequest",
                            "minillm.quant.formats.QuantizedWeight", "minillm.structured.token_index.VocabTrie"})
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (

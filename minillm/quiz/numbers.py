@@ -6,12 +6,20 @@ exact text of the figure as it appears in the answer ("2 GiB", "2.8x", "35 GB", 
 """
 from __future__ import annotations
 
+import argparse
+import functools
 import math
 import re
+import shlex
 from typing import Any, Callable
 
 from minillm.catalog import hardware_spec, model_shape, param_groups
 from minillm.fleet import estimator as est
+from minillm.fleet import run as fleet_run
+from minillm.fleet.cli import add_fleet_parser, check_args
+from minillm.fleet.planner import Demand, Layout, Plan, plan
+from minillm.fleet.policies import parse_p99_slo
+from minillm.fleet.replica import ReplicaConfig
 from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
 from minillm.quant.memory import checkpoint_bytes, weight_bytes
 from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
@@ -110,20 +118,11 @@ def _decode_step(field: str, model: str, gpu: str, batch: int, context: float, *
 
 
 def _fused_tpot(model: str, gpu: str, prompt: int, output: int, batch: int, cached: int = 0, **knobs: Any) -> float:
-    """TPOT when each step fuses the decode of `batch` streams with the prefill chunk they bring on average
-    (batch / output prompts per step, chunked): one forward pass whose time is the larger of its compute and
-    memory bounds, plus its all-reduces. minillm.fleet.estimator.estimate instead adds each prefill as its own
-    pass (serial); a real chunked-prefill engine sits between the two, nearer this one when the step is
-    memory-bound, because the prefill's FLOPs hide under the decode's weight and KV reads."""
+    """TPOT when each step fuses the decode of `batch` streams with the prompt chunks they bring on average
+    (batch / output prompts per step): minillm.fleet.estimator.mixed_step, at a batch the claim names."""
     eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
-    dep = est.Deployment(model, gpu, **knobs)
-    sc = est.Scenario(prompt, output, cached)
-    share = batch / output                                    # prompts prefilled per decode step
-    new = prompt - cached
-    ctx = est._mean_context(sc)
-    step = est.forward_time(dep, batch + share * new, batch * ctx + share * (cached + new / 2),
-                            batch * (ctx + 1) + share * est._prefill_pairs(sc), logit_tokens=batch, eff=eff)
-    return step.total_s
+    return est.mixed_step(est.Deployment(model, gpu, **knobs), est.Scenario(prompt, output, cached), batch,
+                          eff).total_s
 
 
 def _batching_speedup(model: str, gpu: str, batch: int, context: float, **knobs: Any) -> float:
@@ -191,6 +190,76 @@ def _peak_flops(gpu: str, dtype: str = "bf16", n: int = 1) -> float:
     return n * hardware_spec(gpu).peak_flops(dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def _planned(model: str, gpu: str, rps: float, slo: str, prompt_len: int, output_len: int, prefix_len: int,
+             weights: str, verify: int, duration: float, seed: int) -> Plan:
+    d = Demand(rps, prompt_len, output_len, *parse_p99_slo(slo), prefix_len=prefix_len)
+    return plan(model, gpu, d, weights, verify=verify, duration=duration, seed=seed)
+
+
+_PLAN_FIELDS: dict[str, Callable[[Layout, Demand], float]] = {
+    "gpus": lambda lay, d: lay.gpus,
+    "replicas": lambda lay, d: lay.replicas,
+    "tp": lambda lay, d: lay.tp,
+    "usd_per_hour": lambda lay, d: lay.usd_per_hour(d),
+    "usd_per_m_output_tokens": lambda lay, d: lay.usd_per_m_tokens(d),
+    "capacity_rps": lambda lay, d: lay.capacity_rps,
+    "step_s": lambda lay, d: lay.step_s,
+    "ttft_p99_s": lambda lay, d: lay.verified.ttft.quantile(0.99),
+    "tpot_p99_s": lambda lay, d: lay.verified.tpot.quantile(0.99),
+    "kv_usage_peak": lambda lay, d: lay.verified.kv_usage_peak,
+}
+
+
+def _plan(field: str, model: str, gpu: str, rps: float, slo: str, prompt_len: int, output_len: int,
+          prefix_len: int = 0, weights: str = "bf16", verify: int = 2, duration: float = 30.0, seed: int = 0,
+          layout_tp: int | None = None) -> float:
+    """A figure of `minillm fleet plan` with the same flags (--slo as written there): the recommended layout's, or
+    with layout_tp the layout of that TP (a runner-up). Simulated fields (ttft_p99_s, tpot_p99_s, kv_usage_peak)
+    need a verified layout. One plan per set of flags is computed and kept."""
+    p = _planned(model, gpu, rps, slo, prompt_len, output_len, prefix_len, weights, verify, duration, seed)
+    lay = p.best if layout_tp is None else next((x for x in p.layouts if x.tp == layout_tp), None)
+    if lay is None or lay.rejected:
+        raise ValueError(f"the plan has no usable layout{'' if layout_tp is None else f' at TP={layout_tp}'}: "
+                         + "; ".join(f"TP={x.tp}: {x.rejected}" for x in p.layouts if x.rejected))
+    if field not in _PLAN_FIELDS:
+        raise KeyError(f"unknown plan field {field!r}; known: {', '.join(_PLAN_FIELDS)}")
+    if field in ("ttft_p99_s", "tpot_p99_s", "kv_usage_peak") and lay.verified is None:
+        raise ValueError(f"TP={lay.tp} was sized but not simulated: raise verify to check it")
+    return float(_PLAN_FIELDS[field](lay, p.demand))
+
+
+@functools.lru_cache(maxsize=None)
+def _simulated(command: str) -> dict[str, dict[str, Any]]:
+    """Each router's results row of `minillm fleet simulate ...` (the command as a reader would type it)."""
+    parser = argparse.ArgumentParser(prog="minillm")
+    add_fleet_parser(parser.add_subparsers(dest="command"))
+    words = shlex.split(command)
+    if words[:3] != ["minillm", "fleet", "simulate"]:
+        raise ValueError(f"{command!r} is not a `minillm fleet simulate ...` command")
+    args = parser.parse_args(words[1:])
+    args.no_progress = True
+    check_args(args)
+    sm = fleet_run.step_model_of(args)
+    cfg = ReplicaConfig.of(sm, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                           num_blocks=args.num_blocks)
+    engine, _ = fleet_run.engine_of(args, cfg)          # exact or fast, as the command would pick
+    run = fleet_run.simulate_fast if engine == "fast" else fleet_run.simulate_one
+    return {name: run(args, sm, cfg, name).row() for name in args.router}
+
+
+def _simulate(command: str, field: str, router: str | None = None) -> float:
+    """A cell of `minillm fleet simulate`'s table for `command` (the first router's row unless `router` names
+    one), in base units: fields ending in _ms are returned in seconds, shares (prefix_hit, kv_peak,
+    slo_attainment) as fractions."""
+    rows = _simulated(command)
+    row = rows[router or next(iter(rows))]
+    if field not in row or isinstance(row[field], str):
+        raise KeyError(f"unknown simulate field {field!r}; known: "
+                       + ", ".join(k for k, v in row.items() if not isinstance(v, str)))
+    return float(row[field]) / (1e3 if field.endswith("_ms") else 1)
+
+
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "kv_cache_bytes": kv_cache_bytes,              # (config, tokens, dtype_bytes=2)
     "kv_bytes_per_token": _kv_bytes_per_token,     # (model, dtype_bytes=2)
@@ -216,6 +285,8 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "scaled": _scaled,                             # (factor, fn, args): fn(**args) x factor
     "mix": _mix,                                   # (parts=[[share, fn, args], ...])
     "tp_comm_bytes": est.tp_comm_bytes_per_gpu,    # (model, tp, tokens): bytes each device sends
+    "plan": _plan,                                 # (field, model, gpu, rps, slo, prompt_len, ...): fleet plan
+    "simulate": _simulate,                         # (command, field, router=None): fleet simulate's table
 }
 
 _UNITS = {
@@ -226,7 +297,7 @@ _UNITS = {
     "x": 1, "×": 1, "%": 0.01, "tokens": 1, "requests/s": 1, "requests": 1,
     "µs": 1e-6, "ms": 1e-3, "s": 1, "tok/s": 1, "output tok/s": 1, "K tok/s": 1e3, "tokens/s": 1,
     "TFLOP": 1e12, "PFLOP": 1e15, "TFLOP/s": 1e12, "PFLOP/s": 1e15, "GB/s": 1e9, "TB/s": 1e12,
-    "streams": 1, "sequences": 1, "conversations": 1, "GPUs": 1,
+    "streams": 1, "sequences": 1, "conversations": 1, "GPUs": 1, "replicas": 1,
 }
 _CLAIM = re.compile(r"^~?\s*\$?([0-9][0-9,]*(?:\.[0-9]+)?)\s*(.*?)\s*$")
 
