@@ -12,15 +12,13 @@ from minillm.kernels import cpu_threads
 
 @pytest.fixture
 def choice(monkeypatch):
-    """A fresh chooser on 2 torch threads whose clock the test moves (probes are due every PROBE_EVERY_S)."""
-    fresh, now = cpu_threads.TeamChoice(), [100.0]
+    """A fresh chooser on 2 torch threads (a probe is due after PROBE_EVERY_S of recorded fused steps)."""
+    fresh = cpu_threads.TeamChoice()
     monkeypatch.setattr(cpu_threads, "_choice", fresh)
     monkeypatch.setattr(cpu_threads, "_current", 0)
-    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: now[0])
-    fresh.last_probe = now[0]
     before = torch.get_num_threads()
     torch.set_num_threads(2)
-    yield fresh, now
+    yield fresh
     torch.set_num_threads(before)
 
 
@@ -34,37 +32,55 @@ def _steps(n: int, seconds: dict[int, float], rows: int = 1) -> list[int]:
     return teams
 
 
+def _due(fresh) -> None:
+    fresh.since_probe = cpu_threads.PROBE_EVERY_S
+
+
 def test_the_team_stays_while_it_is_faster(choice):
-    _, now = choice
     teams = _steps(12, {2: 0.004, 1: 0.0065})            # quiet: two threads beat one
-    assert teams[0] == 2 and teams.count(1) == 1          # one probe of a single thread, then the team
-    now[0] += cpu_threads.PROBE_EVERY_S
-    assert _steps(3, {2: 0.004, 1: 0.0065}) == [1, 2, 2]  # a probe a second keeps the other time current
+    assert teams == [2] * 12                              # nothing known about one thread: the team, no probe yet
+    _due(choice)
+    assert _steps(3, {2: 0.004, 1: 0.0065}) == [1, 2, 2]  # a probe per second of decoding keeps the other current
     assert cpu_threads.team_size() == 2
 
 
+def test_probes_follow_decoding_time_not_the_wall_clock(choice):
+    """A long prompt step between two decode steps does not make the next decode step a probe: only the fused
+    steps' own time counts (a probe ~1.6x slower after every prefill was the validation's slow first decodes)."""
+    teams = _steps(240, {2: 0.004, 1: 0.0065})            # 0.96 s of decoding: no probe yet
+    assert teams == [2] * 240
+    assert _steps(20, {2: 0.004, 1: 0.0065}).count(1) == 1  # past 1 s of it: exactly one
+
+
 def test_a_collapsing_team_gives_way_to_one_thread_and_comes_back(choice):
-    _, now = choice
     _steps(8, {2: 0.004, 1: 0.0065})
-    busy = _steps(8, {2: 0.08, 1: 0.01})                  # the machine gets busy: team steps take 20x longer
-    assert busy == [2, 2, 2] + [1] * 5                    # once the team's median has moved: one thread
+    busy = _steps(20, {2: 0.08, 1: 0.01})                 # the machine gets busy: team steps take 20x longer
+    assert busy[:13] == [2] * 13 and busy[13] == 1        # after a second of fused steps, one thread is probed
+    assert busy[14:] == [1] * 6                           # and, faster, kept
     assert cpu_threads.team_size() == 1                   # the other C kernels follow the fused step's choice
+    assert cpu_threads.step_team(48) == 1                 # rows not measured yet take the last choice
+    cpu_threads.record(1, 48, 0.01)
     for _ in range(cpu_threads.SAMPLES):                  # quiet again: the probes bring the team back
-        now[0] += cpu_threads.PROBE_EVERY_S
+        _due(choice)
         _steps(2, {2: 0.004, 1: 0.0065})
     assert _steps(3, {2: 0.004, 1: 0.0065}) == [2, 2, 2]
 
 
 def test_each_number_of_rows_is_measured_on_its_own(choice):
     _steps(8, {2: 0.004, 1: 0.0065}, rows=1)
-    assert cpu_threads.step_team(48) == 2                 # 48 rows: nothing known yet, the team first
+    _due(choice)
+    _steps(2, {2: 0.004, 1: 0.0065}, rows=1)
+    assert cpu_threads.step_team(48) == 2                 # 48 rows: nothing known yet, the last choice (the team)
+    cpu_threads.record(2, 48, 0.05)
+    for _ in range(cpu_threads.SAMPLES):                  # one thread faster at 48 rows only
+        cpu_threads.record(1, 48, 0.03)
+    assert cpu_threads.step_team(48) == 1 and cpu_threads.step_team(1) == 2
 
 
 def test_fixed_keeps_torchs_thread_count(choice):
-    _, now = choice
     with config.kernels_set(kernel_threads="fixed"):
         for _ in range(10):
-            now[0] += cpu_threads.PROBE_EVERY_S
+            _due(choice)
             assert _steps(1, {2: 0.08, 1: 0.001}) == [2]
         assert cpu_threads.team_size() == 2
 

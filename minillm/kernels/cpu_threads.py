@@ -7,8 +7,11 @@ partner that is not running: beside other work the same step took 40-120 ms inst
 cores, another session's tests and notebooks running), while one thread, with no partner to wait for, took 5-15.
 Which kind of load collapses a team (how many other threads, whether they spin too) is hard to read from /proc, so
 the choice is measured: the fused step times itself (`record`), each team size keeps its recent step times per
-number of rows, and the faster one runs. The other size is tried again on one step every PROBE_EVERY_S, so a
-machine that quiets down gets its team back within about a second (and a quiet one pays one slower step then).
+number of rows, and the faster one runs. The other size is tried again on one step per PROBE_EVERY_S of fused
+steps run (their own time, not the wall clock: a long prompt step in between must not make the next decode step
+a probe, which made every first decode step after a prefill ~1.6x slower), so a machine that quiets down gets its
+team back within about a second of decoding. A number of rows the team has not run at yet takes the size the last
+step chose, rather than a probe of its own (the batch changes size at every join and finish).
 
 Results do not depend on the team's size: every output element is computed by the same code whichever thread
 runs it (tests/test_decode_step.py checks bit equality across thread counts).
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import statistics
-import time
 
 import torch
 
@@ -32,22 +34,29 @@ class TeamChoice:
 
     def __init__(self) -> None:
         self.times: dict[tuple[int, int], collections.deque[float]] = {}
-        self.last_probe = time.monotonic()
+        self.since_probe = 0.0         # seconds of fused steps run since the last probe
+        self.last_best = 0             # the size the last non-probe step chose (0: none yet)
 
     def size(self, wanted: int, rows: int) -> int:
-        """The team for the next step of `rows` rows: `wanted` or 1, whichever measured faster (wanted until both
-        are known); now and then the other one, to keep both measurements current."""
+        """The team for the next step of `rows` rows: `wanted` or 1, whichever measured faster at these rows (at
+        rows not measured with both: the last choice, else wanted); now and then the other one, to keep both
+        measurements current."""
         if wanted == 1:
             return 1
         many, one = self._median(wanted, rows), self._median(1, rows)
-        best = wanted if many is None or one is None or many <= one else 1
-        if one is None and many is not None or time.monotonic() - self.last_probe >= PROBE_EVERY_S:
-            self.last_probe = time.monotonic()
+        if many is not None and one is not None:
+            best = wanted if many <= one else 1
+        else:
+            best = self.last_best if self.last_best in (1, wanted) else wanted
+        if self.since_probe >= PROBE_EVERY_S:
+            self.since_probe = 0.0
             return 1 if best == wanted else wanted
+        self.last_best = best
         return best
 
     def record(self, team: int, rows: int, seconds: float) -> None:
         self.times.setdefault((team, rows), collections.deque(maxlen=SAMPLES)).append(seconds)
+        self.since_probe += seconds
 
     def _median(self, team: int, rows: int) -> float | None:
         samples = self.times.get((team, rows))
