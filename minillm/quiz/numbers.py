@@ -117,14 +117,6 @@ def _decode_step(field: str, model: str, gpu: str, batch: int, context: float, *
     return getattr(step, field)
 
 
-def _fused_tpot(model: str, gpu: str, prompt: int, output: int, batch: int, cached: int = 0, **knobs: Any) -> float:
-    """TPOT when each step fuses the decode of `batch` streams with the prompt chunks they bring on average
-    (batch / output prompts per step): minillm.fleet.estimator.mixed_step, at a batch the claim names."""
-    eff = est.Efficiency(**_split(knobs, _EFFICIENCY_ARGS))
-    return est.mixed_step(est.Deployment(model, gpu, **knobs), est.Scenario(prompt, output, cached), batch,
-                          eff).total_s
-
-
 def _batching_speedup(model: str, gpu: str, batch: int, context: float, **knobs: Any) -> float:
     """Decode tokens/s at `batch` over tokens/s at batch 1, every sequence at `context` tokens."""
     one = _decode_step("total_s", model, gpu, 1, context, **dict(knobs))
@@ -275,7 +267,6 @@ FUNCTIONS: dict[str, Callable[..., float]] = {
     "serving": serving,                            # (field, model, gpu, prompt, output, ...): minillm.fleet
     "decode_step": _decode_step,                   # (field, model, gpu, batch, context, tp=1, weights=...)
     "batching_speedup": _batching_speedup,         # (model, gpu, batch, context, ...)
-    "fused_tpot": _fused_tpot,                     # (model, gpu, prompt, output, batch, cached=0, tp=...)
     "prefill_flops_per_s": _prefill_flops_per_s,   # (model, prompt, output, output_tokens_per_s, cached=0)
     "peak_flops": _peak_flops,                     # (gpu, dtype='bf16', n=1)
     "spec": _spec,                                 # (gpu, field='memory'|'hbm'|'link'|'domain')
