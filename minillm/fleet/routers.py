@@ -70,6 +70,12 @@ def leading_block_hash(prompt: Sequence[int], block_size: int, prefix_blocks: in
     return h
 
 
+def load_bound(requests: int, num_replicas: int, epsilon: float) -> int:
+    """Most requests a replica may hold after taking a new one, with `requests` held fleet-wide before it:
+    ceil((1 + epsilon) x the mean, the new one counted) (consistent hashing with bounded loads)."""
+    return math.ceil((1 + epsilon) * (requests + 1) / num_replicas)
+
+
 def _point(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
@@ -98,9 +104,7 @@ class PrefixAware:
         return None if h is None else h & ((1 << 64) - 1)
 
     def capacity(self, replicas: Sequence[ReplicaLoad]) -> int:
-        """Most requests a replica may hold after taking this one: ceil((1 + eps) x mean, the new one counted)."""
-        total = sum(r.num_requests for r in replicas) + 1
-        return math.ceil((1 + self.epsilon) * total / len(replicas))
+        return load_bound(sum(r.num_requests for r in replicas), len(replicas), self.epsilon)
 
     def route(self, request: SimRequest, replicas: Sequence[ReplicaLoad]) -> int:
         h = self.key(request)

@@ -12,13 +12,12 @@ arrivals of one round together: the loads it sees are at most one step old).
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Protocol
 
 import numpy as np
 
 from minillm.fleet.aggregate.columns import RequestBatch
-from minillm.fleet.routers import PrefixAware
+from minillm.fleet.routers import PrefixAware, load_bound
 
 
 class BatchRouter(Protocol):
@@ -85,7 +84,7 @@ class PrefixAwareBatch:
             if not ok:      # shorter than a block: no key, least outstanding tokens (PrefixAware's fallback)
                 r = min(range(self.R), key=lambda i: (tokens[i], i))
             else:
-                cap = math.ceil((1 + self.eps) * (total + 1) / self.R)
+                cap = load_bound(total, self.R, self.eps)
                 r = first[j]
                 if load[r] >= cap:      # full: walk on in ring order, from where this batch's last walk stopped
                     w = walks.get(starts[j])
