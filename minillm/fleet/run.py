@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -227,17 +228,26 @@ def to_json(results: list[FleetResult]) -> str:
                       indent=2)
 
 
-def run_simulate(args) -> int:
+def replica_of(args) -> tuple[StepModel, ReplicaConfig]:
+    """The step model and the replica the simulate flags describe."""
     sm = step_model_of(args)
-    cfg = ReplicaConfig.of(sm, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                           num_blocks=args.num_blocks)
+    return sm, ReplicaConfig.of(sm, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens, num_blocks=args.num_blocks)
+
+
+def simulator_for(engine: str) -> Callable[..., FleetResult]:
+    return simulate_fast if engine == "fast" else simulate_one
+
+
+def run_simulate(args) -> int:
+    sm, cfg = replica_of(args)
     print(f"step model: {sm.source}; per replica {cfg.num_blocks} KV blocks of {cfg.block_size}, max_num_seqs "
           f"{cfg.max_num_seqs}, token budget {cfg.max_num_batched_tokens}")
     engine, why = engine_of(args, cfg)
     print(f"engine: {engine} ({why})")
     results = []
     for name in args.router:
-        res = (simulate_fast if engine == "fast" else simulate_one)(args, sm, cfg, name)
+        res = simulator_for(engine)(args, sm, cfg, name)
         results.append(res)
         n = res.finished + res.failed
         print(f"[{name}, {engine} engine: {n:,} requests, {res.steps:,} replica steps in {res.wall_s:.1f} s wall = "

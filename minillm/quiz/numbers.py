@@ -19,7 +19,6 @@ from minillm.fleet import run as fleet_run
 from minillm.fleet.cli import add_fleet_parser, check_args
 from minillm.fleet.planner import Demand, Layout, Plan, plan
 from minillm.fleet.policies import parse_p99_slo
-from minillm.fleet.replica import ReplicaConfig
 from minillm.kv.sizing import kv_cache_bytes, kv_tokens_that_fit, max_seqs_that_fit
 from minillm.quant.memory import checkpoint_bytes, weight_bytes
 from minillm.spec_decode.expected import expected_speedup, expected_tokens_per_step
@@ -232,11 +231,8 @@ def _simulated(command: str) -> dict[str, dict[str, Any]]:
     args = parser.parse_args(words[1:])
     args.no_progress = True
     check_args(args)
-    sm = fleet_run.step_model_of(args)
-    cfg = ReplicaConfig.of(sm, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                           num_blocks=args.num_blocks)
-    engine, _ = fleet_run.engine_of(args, cfg)          # exact or fast, as the command would pick
-    run = fleet_run.simulate_fast if engine == "fast" else fleet_run.simulate_one
+    sm, cfg = fleet_run.replica_of(args)
+    run = fleet_run.simulator_for(fleet_run.engine_of(args, cfg)[0])     # exact or fast, as the command picks
     return {name: run(args, sm, cfg, name).row() for name in args.router}
 
 
