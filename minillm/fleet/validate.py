@@ -227,9 +227,10 @@ def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], pr
         runs = [list(r) for r in real[i]] if real is not None else \
             [run_real(engine, w.requests, lambda: bar.update()) for _ in range(repeat)]
         s = run_sim(sm, config, w.requests, lambda: bar.update())
-        (rs, spread), ss = over_runs([summarize(r) for r in runs]), summarize(s)
+        per_run, ss = [summarize(r) for r in runs], summarize(s)
+        rs, spread = over_runs(per_run)
         rows.append({"workload": w.name, "rate": w.rate, "requests": len(w.requests), "real": rs,
-                     "runs": [summarize(r) for r in runs], "spread": spread, "sim": ss, "error": compare(rs, ss)})
+                     "runs": per_run, "spread": spread, "sim": ss, "error": compare(rs, ss)})
         reals.append(runs)
     bar.close()
     return Validation(rows, sm.source), reals
