@@ -48,6 +48,18 @@ def default_scenarios(quick: bool = False) -> list[Scenario]:
         for p in prompts:
             out.append(Scenario(b, p, 12))
             out.append(Scenario(b, p, 12, second_wave=max(1, b // 2)))
+    if not quick:
+        # A lightly loaded replica runs one prompt at a time beside a few decodes, at any length: without these the
+        # prefill fit is ruled by the big batched steps, and a lone 100-token prompt came out ~15 % faster than it
+        # ran; the 1024-token prompts give decodes of long contexts (what the KV read costs per token).
+        for b in (1, 2):
+            for p in (16, 64, 96, 256, 1024):
+                out.append(Scenario(b, p, 24))
+                out.append(Scenario(b, p, 24, second_wave=1))
+        # ... and one prompt joining a batch of running decodes (a step of one chunk and many decode rows)
+        for b in (6, 12):
+            for p in (48, 160):
+                out.append(Scenario(b, p, 16, second_wave=1, wave_after=4))
     return out
 
 

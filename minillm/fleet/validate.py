@@ -1,9 +1,9 @@
 """Validate the fleet simulator against the real engine: the same requests, at the same arrival times, through one
 real replica on this machine's wall clock and through one simulated replica on the calibrated step model.
 
-The workloads are held out from calibration (calibrate.py runs fixed prompt lengths 32/128/512, 12 output tokens,
-requests all queued at once plus one second wave): here arrivals are Poisson, and prompt and output lengths are
-lognormal over two mixes no scenario used (SHORT: chat-like prompts with longer answers, LONG: RAG-like prompts with
+The workloads are held out from calibration (calibrate.py runs a few fixed prompt lengths from 16 to 1024 tokens, 12
+to 24 output tokens, requests all queued at once plus one second wave): here arrivals are Poisson, and prompt and
+output lengths are lognormal over two mixes no scenario used (SHORT: chat-like prompts with longer answers, LONG: RAG-like prompts with
 short answers). Rates are stated as loads: a load of 1 offers one request per (step-model) service time of a mean
 request served alone, so the same loads mean the same regime on a 2-core CPU and on a tiny random model; batching
 makes loads above 1 sustainable.

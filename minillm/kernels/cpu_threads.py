@@ -11,7 +11,12 @@ number of rows, and the faster one runs. The other size is tried again on one st
 steps run (their own time, not the wall clock: a long prompt step in between must not make the next decode step
 a probe, which made every first decode step after a prefill ~1.6x slower), so a machine that quiets down gets its
 team back within about a second of decoding. A number of rows the team has not run at yet takes the size the last
-step chose, rather than a probe of its own (the batch changes size at every join and finish).
+step chose, rather than a probe of its own (the batch changes size at every join and finish). One thread replaces
+the team only when it measures MARGIN times faster: a collapsed team is 3-10x slower, while on a quiet machine a
+team step that ran right after a prompt step, or beside a short blip, can look slower than one lucky probe, and the
+other C kernels (prompt steps through the layers) follow the choice: a validation run whose decode steps had
+picked one thread on such noise ran every later prompt step ~1.65x slower (2026-11-29). Those kernels follow the
+last choice, never a probe.
 
 Results do not depend on the team's size: every output element is computed by the same code whichever thread
 runs it (tests/test_decode_step.py checks bit equality across thread counts).
@@ -27,6 +32,7 @@ from minillm import config
 
 PROBE_EVERY_S = 1.0          # the size not in use runs one step this often
 SAMPLES = 5                  # a size's time at a number of rows: the median of its last SAMPLES steps
+MARGIN = 1.25                # one thread replaces the team only when it measures this many times faster
 
 
 class TeamChoice:
@@ -45,7 +51,7 @@ class TeamChoice:
             return 1
         many, one = self._median(wanted, rows), self._median(1, rows)
         if many is not None and one is not None:
-            best = wanted if many <= one else 1
+            best = 1 if one * MARGIN < many else wanted
         else:
             best = self.last_best if self.last_best in (1, wanted) else wanted
         if self.since_probe >= PROBE_EVERY_S:
@@ -64,7 +70,6 @@ class TeamChoice:
 
 
 _choice = TeamChoice()
-_current = 0                 # the size the last fused step chose (0: none yet): the other C kernels follow it
 
 
 def adaptive() -> bool:
@@ -73,10 +78,8 @@ def adaptive() -> bool:
 
 def step_team(rows: int) -> int:
     """The team for a fused decode step of `rows` rows (report its time with `record`)."""
-    global _current
     wanted = torch.get_num_threads()
-    _current = _choice.size(wanted, rows) if adaptive() else wanted
-    return _current
+    return _choice.size(wanted, rows) if adaptive() else wanted
 
 
 def record(team: int, rows: int, seconds: float) -> None:
@@ -85,6 +88,7 @@ def record(team: int, rows: int, seconds: float) -> None:
 
 def team_size() -> int:
     """The team for a C kernel outside the fused step: torch's thread count, or one while the fused step found one
-    thread faster."""
+    thread faster (its last choice: a probe of one thread is not a choice)."""
     wanted = torch.get_num_threads()
-    return min(wanted, _current) if _current and adaptive() else wanted
+    best = _choice.last_best
+    return min(wanted, best) if best and adaptive() else wanted
