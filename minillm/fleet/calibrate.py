@@ -57,7 +57,7 @@ def default_scenarios(quick: bool = False) -> list[Scenario]:
                 out.append(Scenario(b, p, 24))
                 out.append(Scenario(b, p, 24, second_wave=1))
         # ... and one prompt joining a batch of running decodes (a step of one chunk and many decode rows)
-        for b in (6, 12):
+        for b in (6, 12, 32, 48):
             for p in (48, 160):
                 out.append(Scenario(b, p, 16, second_wave=1, wave_after=4))
     return out
