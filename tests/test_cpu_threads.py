@@ -48,7 +48,7 @@ def test_the_team_stays_while_it_is_faster(choice):
 def test_one_thread_must_be_clearly_faster_to_replace_the_team(choice):
     """Noise on a quiet machine (a team step after a prompt step, a lucky probe) must not hand every later kernel
     to one thread: one thread wins only by MARGIN."""
-    _steps(8, {2: 0.0100, 1: 0.0065})
+    _steps(8, {2: 0.0100})                                # no probe due yet: only the team runs
     for _ in range(cpu_threads.SAMPLES):
         _due(choice)
         _steps(2, {2: 0.0100, 1: 0.0100 / cpu_threads.MARGIN * 1.02})   # one thread a little faster: not enough

@@ -3,10 +3,10 @@ real replica on this machine's wall clock and through one simulated replica on t
 
 The workloads are held out from calibration (calibrate.py runs a few fixed prompt lengths from 16 to 1024 tokens, 12
 to 24 output tokens, requests all queued at once plus one second wave): here arrivals are Poisson, and prompt and
-output lengths are lognormal over two mixes no scenario used (SHORT: chat-like prompts with longer answers, LONG: RAG-like prompts with
-short answers). Rates are stated as loads: a load of 1 offers one request per (step-model) service time of a mean
-request served alone, so the same loads mean the same regime on a 2-core CPU and on a tiny random model; batching
-makes loads above 1 sustainable.
+output lengths are lognormal over two mixes no scenario used (SHORT: chat-like prompts with longer answers, LONG:
+RAG-like prompts with short answers). Rates are stated as loads: a load of 1 offers one request per (step-model)
+service time of a mean request served alone, so the same loads mean the same regime on a 2-core CPU and on a tiny
+random model; batching makes loads above 1 sustainable.
 
 Both sides measure the same thing: a request's token appears when the step that produced it returns (the engine's
 step() / the simulator's step end), its TTFT counts from its scheduled arrival time (a request that comes while a
