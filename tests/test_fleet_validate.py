@@ -1,18 +1,21 @@
 """`minillm fleet validate`: the simulator against the real engine on held-out workloads, rebuilt small on the tiny
 random model (2 layers, steps of ~0.5-2 ms on a 2-core CPU).
 
-The bound: on the 2-core development machine the tiny model's table (Poisson at loads 0.5 and 2, both length mixes,
-16 requests each; 5 seeds) measured a median error of 6-15 %, a worst of 32-49 % (TTFT at low load or a p99 at load
-2: the whole TTFT is one or two ~1 ms steps, and the real side also pays add_request and the wake-up from sleep,
-which are not step costs; a p99 of 16 requests is one request) and a throughput error <= 7 %. So the agreement
-bound is loose, ~2.5x the worst seen: median < 40 %, throughput < 15 %. The wrong model (every coefficient x 3)
-measured a median of 200-260 % and TPOT p50 >= 187 % off on every workload, so median > 100 % flags it. The SmolLM2
-table itself (the issue's 5 % / 10 % targets) is in docs/benchmarks.md.
+Two claims, tested apart. The replay: on a clock that each real step advances by exactly what the step model
+predicts for it (`StepModelClock`, fed by the public step observer), the real engine's timelines must equal the
+simulation's to rounding, since the simulated replica runs the engine's scheduler with the same features and timing
+conventions; a replica configured unlike the engine, and step models 3x or 1.05x off, must show. The fit: on the wall
+clock the error is a measurement of a shared, busy machine (the tiny model's table measured a median of 6-15 % and a
+worst of 32-49 % on a quiet 2-core machine; one CI run, beside an nbgrader autograde on the other core, measured a
+throughput error of 17 %), so it is reported, and asserted only far outside what load can do: within 2x, and a 10x
+wrong model flagged. The SmolLM2 table itself (the issue's 5 % / 10 % targets) is in docs/benchmarks.md.
 """
 from __future__ import annotations
 
 import json
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
@@ -29,30 +32,59 @@ def tiny():
     return engine, sm
 
 
-def test_real_and_simulated_agree_and_a_wrong_model_is_flagged(tiny):
-    engine, sm = tiny
-    workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
-    good, real = val.validate(engine, sm, workloads, progress=False, repeat=2)
-    assert [r["workload"] for r in good.rows] == ["short load 0.5", "short load 2", "long load 0.5", "long load 2"]
-    for row, w, runs in zip(good.rows, workloads, real):
-        assert len(runs) == len(row["runs"]) == 2
+def check_table(v: val.Validation, workloads: list[val.Workload], real: list, repeats: int) -> None:
+    assert [r["workload"] for r in v.rows] == ["short load 0.5", "short load 2", "long load 0.5", "long load 2"]
+    for row, w, runs in zip(v.rows, workloads, real):
+        assert len(runs) == len(row["runs"]) == repeats
         for k in val.METRICS:      # the error is against the runs' mean; the spread is theirs
             values = [r[k] for r in row["runs"]]
-            assert row["real"][k] == pytest.approx(sum(values) / 2)
+            assert row["real"][k] == pytest.approx(sum(values) / repeats)
             assert row["spread"][k] == pytest.approx((max(values) - min(values)) / row["real"][k])
         timelines = runs[0]
         assert row["requests"] == len(w.requests) == len(timelines) == 16
         assert sorted(t.output_len for t in timelines) == sorted(r.output_len for r in w.requests)   # ignore_eos
         assert set(row["real"]) == set(row["sim"]) == set(val.METRICS) and set(row["error"]) == set(val.METRICS)
         assert all(math.isfinite(row[side][k]) and row[side][k] > 0 for side in ("real", "sim") for k in val.METRICS)
-        assert row["error"]["out_tok_s"] < 0.15
-    assert good.median_error < 0.40, val.table(good)
+    assert "median error" in val.table(v) and "TPOT p99 ms" in val.table(v)
+    assert f"real (mean of {repeats})" in val.table(v) and f"own spread over {repeats} runs" in val.table(v)
+    assert math.isfinite(v.median_spread) and v.repeats == repeats
+
+
+def test_on_the_step_models_clock_the_real_engine_replays_the_simulation_exactly(tiny):
+    engine, sm = tiny
+    workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
+    with val.StepModelClock(engine, sm) as clock:
+        good, real = val.validate(engine, sm, workloads, progress=False, repeat=2, clock=clock)
+    check_table(good, workloads, real, 2)
+    assert good.median_spread < 1e-12      # greedy, and a clock that is a function of the steps (to rounding)
+    assert max(good.errors) < 1e-9, val.table(good)
     wrong, _ = val.validate(engine, val.scaled(sm, 3.0), workloads, progress=False, real=real)
-    assert wrong.median_error > 1.0, val.table(wrong)
-    assert all(r["error"]["tpot_p50_ms"] > 1.0 for r in wrong.rows)
-    assert "median error" in val.table(good) and "TPOT p99 ms" in val.table(good)
-    assert "real (mean of 2)" in val.table(good) and "own spread over 2 runs" in val.table(good)
-    assert math.isfinite(good.median_spread) and good.repeats == 2
+    assert wrong.median_error > 1.0 and all(r["error"]["tpot_p50_ms"] > 1.0 for r in wrong.rows), val.table(wrong)
+    # Every step 5 % slow: the per-token latency 5 % high, queueing amplifying some tails; a low load's throughput
+    # is set by the arrivals and hardly moves. So a 5 % error in the fit shows as a median of a few percent.
+    near, _ = val.validate(engine, val.scaled(sm, 1.05), workloads, progress=False, real=real)
+    assert 0.03 < near.median_error < 0.10, val.table(near)
+    assert all(0.04 < r["error"]["tpot_p50_ms"] < 0.25 for r in near.rows), val.table(near)
+    # A replica that batches unlike the engine (at most 2 running) is a replay bug the check must show.
+    narrow = replace(val.replica_config_of(engine), max_num_seqs=2)
+    busy = workloads[1]
+    err = val.compare(val.summarize(real[1][0]), val.summarize(val.run_sim(sm, narrow, busy.requests)))
+    assert max(err.values()) > 0.2, err
+
+
+def test_on_the_wall_clock_the_error_is_measured_and_reported(tiny, record_duration, capsys):
+    engine, sm = tiny
+    workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
+    t = time.perf_counter()
+    good, real = val.validate(engine, sm, workloads, progress=False, repeat=2)
+    record_duration("fleet validate, tiny model: wall s for 4 workloads x 16 requests x 2 runs",
+                    time.perf_counter() - t)
+    check_table(good, workloads, real, 2)
+    with capsys.disabled():
+        print(f"\nfleet validate on the tiny model, wall clock (a measurement, not judged):\n{val.table(good)}")
+    assert good.median_error < 1.0, val.table(good)
+    wrong, _ = val.validate(engine, val.scaled(sm, 10.0), workloads, progress=False, real=real)
+    assert wrong.median_error > 3.0, val.table(wrong)
 
 
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):

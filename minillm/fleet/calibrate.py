@@ -81,6 +81,13 @@ def build_engine(model: str, **settings) -> LLMEngine:
     return start_engine(model, EngineConfig.from_kwargs(**settings))[1]
 
 
+def step_features(info: StepInfo) -> StepFeatures:
+    """What the step just observed computed. After the step the scheduler has committed: a scheduled sequence
+    computed n tokens from (now - n)."""
+    return StepFeatures.of((s.num_computed_tokens - n, n, s.num_prompt_tokens)
+                           for s, n in info.scheduler_output.scheduled)
+
+
 def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
            progress: bool = True) -> list[list[StepTrace]]:
     """Run each scenario to completion on `engine`; per scenario, the steps it took (features, wall seconds)."""
@@ -89,10 +96,7 @@ def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
     current: list[StepTrace] = []
 
     def observe(info: StepInfo) -> None:
-        sched = info.scheduler_output
-        # After the step the scheduler has committed: a scheduled sequence computed n tokens from (now - n).
-        feats = StepFeatures.of((s.num_computed_tokens - n, n, s.num_prompt_tokens) for s, n in sched.scheduled)
-        current.append(StepTrace(feats, info.seconds))
+        current.append(StepTrace(step_features(info), info.seconds))
 
     def add(sc: Scenario, count: int) -> None:
         for _ in range(count):

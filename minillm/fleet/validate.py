@@ -20,11 +20,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from minillm.engine.llm_engine import LLMEngine
+from minillm.engine.outputs import StepInfo
+from minillm.fleet.calibrate import step_features
 from minillm.fleet.replica import Finished, Replica, ReplicaConfig
 from minillm.fleet.routers import RoundRobin
 from minillm.fleet.simulator import simulate
@@ -101,27 +104,72 @@ class Timeline:
 
 # ---------------------------------------------------------------------- the two sides
 
-def run_real(engine: LLMEngine, requests: Sequence[SimRequest], tick: Callable[[], None] = lambda: None
-             ) -> list[Timeline]:
-    """Add each request when its arrival time comes on the wall clock, step while anything is queued (sleep while
-    idle), and time every token by when the step() that produced it returned."""
+class Clock(Protocol):
+    """Where run_real reads the time: the wall clock, or (to check the replay itself) a step model's clock."""
+    def now(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class StepModelClock:
+    """A clock that the real engine's steps advance by what `sm` predicts for each (heard through the public step
+    observer), so a real run on it must reproduce the simulation exactly wherever the simulated replica schedules
+    as the engine does: this isolates the replay (the scheduler's copy, the feature bookkeeping, the timing
+    conventions) from the step model's fit and from the machine's noise. Use as a context manager."""
+
+    def __init__(self, engine: LLMEngine, sm: StepModel):
+        self.engine, self.sm, self.t = engine, sm, 0.0
+
+    def _observe(self, info: StepInfo) -> None:
+        self.t += self.sm.seconds(step_features(info))
+
+    def __enter__(self) -> "StepModelClock":
+        self.engine.add_step_observer(self._observe)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.engine.remove_step_observer(self._observe)
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def run_real(engine: LLMEngine, requests: Sequence[SimRequest], tick: Callable[[], None] = lambda: None,
+             clock: Clock | None = None) -> list[Timeline]:
+    """Add each request when its arrival time comes on the clock (the wall clock unless given), step while anything
+    is queued (sleep while idle), and time every token by when the step() that produced it returned."""
+    clock = clock or WallClock()
     engine.block_manager.reset_prefix_cache()
     pending = deque(sorted(requests, key=lambda r: r.arrival))
     by_id = {str(r.request_id): r for r in requests}
     first: dict[str, float] = {}
     out: list[Timeline] = []
-    t0 = time.perf_counter()
+
+    def add_next() -> None:
+        r = pending.popleft()
+        engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True),
+                           request_id=str(r.request_id))
+    t0 = clock.now()
     while pending or engine.has_unfinished_requests():
-        now = time.perf_counter() - t0
+        now = clock.now() - t0
         while pending and pending[0].arrival <= now:
-            r = pending.popleft()
-            engine.add_request(r.prompt, SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True),
-                               request_id=str(r.request_id), arrival_time=t0 + r.arrival)
+            add_next()
         if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, pending[0].arrival - now))
+            clock.sleep(max(0.0, pending[0].arrival - now))
+            add_next()           # its time has come: (clock.now() - t0) may round to a hair before it
             continue
         outputs = engine.step()
-        t = time.perf_counter() - t0
+        t = clock.now() - t0
         for o in outputs:
             first.setdefault(o.request_id, t)
             if o.finished:
@@ -210,10 +258,10 @@ class Validation:
 
 def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], progress: bool = True,
              real: Sequence[list[list[Timeline]]] | None = None,
-             repeat: int = 1) -> tuple[Validation, list[list[list[Timeline]]]]:
-    """Each workload through the real engine `repeat` times (unless `real` runs are given: one set of runs checks
-    several step models) and once through the simulator (it is deterministic); the table rows, the error against
-    the mean of the real runs, and the real runs' timelines."""
+             repeat: int = 1, clock: Clock | None = None) -> tuple[Validation, list[list[list[Timeline]]]]:
+    """Each workload through the real engine `repeat` times on `clock` (the wall clock unless given; unless `real`
+    runs are given: one set of runs checks several step models) and once through the simulator (it is
+    deterministic); the table rows, the error against the mean of the real runs, and the real runs' timelines."""
     if repeat < 1:
         raise ValueError(f"repeat={repeat} must be >= 1")
     config = replica_config_of(engine)
@@ -225,7 +273,7 @@ def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], pr
     for i, w in enumerate(workloads):
         bar.set_postfix_str(w.name)
         runs = [list(r) for r in real[i]] if real is not None else \
-            [run_real(engine, w.requests, lambda: bar.update()) for _ in range(repeat)]
+            [run_real(engine, w.requests, lambda: bar.update(), clock) for _ in range(repeat)]
         s = run_sim(sm, config, w.requests, lambda: bar.update())
         per_run, ss = [summarize(r) for r in runs], summarize(s)
         rs, spread = over_runs(per_run)
