@@ -516,3 +516,33 @@ def test_rope_tables_at_large_positions_equal_the_closed_form():
     want_cos, want_sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
     assert (cos.double() - want_cos).abs().max() < 2e-3 and (sin.double() - want_sin).abs().max() < 2e-3
     assert torch.equal(rope.cos_sin(torch.tensor([8191]))[0], cos[-1:])     # the grown table keeps its values
+
+
+def test_warm_up_builds_the_lazy_copies_and_leaves_no_trace():
+    """warm_up() runs what the first real prompt past 64 rows would pay for (the quantized layers' int16 copy, and
+    the tiles of the batched steps) and leaves the engine as it found it: same greedy tokens as a cold engine, no
+    requests, no steps counted, every KV block free (the prefix cache dropped). On a busy engine it refuses first."""
+    from minillm.quant.formats import QuantSpec
+    from minillm.testing import tiny_tokenizer
+    model = random_model(4, heads=4, kv_heads=2, head_dim=16, layers=2, vocab=128).quantize_(QuantSpec("int4", 32))
+    layers = [m.quant for n, m in model.quantizable() if "layers." in n]
+    assert layers and not any(qw.cache for qw in layers)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    requests = [([5, 9, 33, 2], params), ([100, 4, 4, 7] * 30, params), ([77], params)]
+    cold = run_engine(LLMEngine(model, tiny_tokenizer()), requests)
+    built = [set(qw.cache) for qw in layers]           # what the first long prompt and batched steps made
+    assert all(built), built
+    for qw in layers:
+        qw.cache.clear()
+    engine = LLMEngine(model, tiny_tokenizer())
+    free = engine.block_manager.num_free_blocks
+    engine.warm_up()
+    assert [set(qw.cache) for qw in layers] == built
+    assert engine.num_steps == 0 and not engine.has_unfinished_requests() and not engine.requests
+    assert engine.block_manager.num_free_blocks == free and not engine.block_manager.cached_blocks
+    assert run_engine(engine, requests) == cold
+    steps = engine.num_steps
+    engine.add_request([1, 2, 3], params)
+    with pytest.raises(RuntimeError, match="needs an idle engine"):
+        engine.warm_up()
+    assert engine.has_unfinished_requests() and engine.num_steps == steps and len(engine.requests) == 1

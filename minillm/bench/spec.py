@@ -173,12 +173,6 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens
     return tokens, seconds, steps, texts
 
 
-def warm_up(engine: LLMEngine) -> None:
-    engine.add_request([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-
-
 def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int | str, draft, draft_layers: int
                 ) -> LLMEngine:
     if proposer is None:
@@ -225,7 +219,7 @@ def run_spec_bench(loaded, config: EngineConfig, bc: SpecBenchConfig, progress: 
         d = loader.load_model(bc.draft_model, loaded.model.dtype)
         check_same_vocabulary(loaded.config.vocab_size, loaded.tokenizer, d.config.vocab_size, d.tokenizer, str(d.path))
         draft = d.model
-    warm_up(LLMEngine(loaded.model, loaded.tokenizer, config))
+    LLMEngine(loaded.model, loaded.tokenizer, config).warm_up()
     plan = [(t, b, p, k) for t in bc.tasks for b in bc.batch_sizes for p in (None, *bc.proposers)
             for k in ((0,) if p is None else bc.ks)]
     # Rounds interleave every configuration, and each keeps its fastest round: a burst of load on a shared machine
@@ -260,7 +254,7 @@ def _measure(loaded, config: EngineConfig, bc: SpecBenchConfig, item: tuple, pro
     """One configuration on a fresh engine (so the prefix cache never carries over from an earlier round)."""
     task, batch, proposer, k = item
     engine = make_engine(loaded, config, proposer, k, draft, bc.draft_layers)
-    warm_up(engine)
+    engine.warm_up()
     tokens, seconds, steps, texts = run_once(engine, prompts, batch, bc.max_tokens)
     r = Run(task, proposer or "none", k, batch, tokens, seconds, steps, texts=texts)
     if proposer is not None:

@@ -57,7 +57,7 @@ def run_minillm(model, tokenizer, workload: list[Request], *, config: EngineConf
                 progress: bool = True, **settings) -> EngineRun:
     """The workload through minillm's engine, all requests arriving at once. `config`, or engine settings."""
     engine = LLMEngine(model, tokenizer, config if config is not None else EngineConfig.from_kwargs(**settings))
-    _warm_up(engine)
+    engine.warm_up()
     t0 = time.perf_counter()
     for r in workload:
         engine.add_request(r.prompt_token_ids, SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True),
@@ -82,14 +82,6 @@ def run_minillm(model, tokenizer, workload: list[Request], *, config: EngineConf
     kernel = getattr(engine.backend, "kernel", None)
     run.attention = engine.backend.name + (f" ({kernel} kernel)" if kernel else "")
     return run
-
-
-def _warm_up(engine: LLMEngine) -> None:
-    engine.add_request([5] * 40, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    engine.block_manager.reset_prefix_cache()
-    engine.num_steps = 0
 
 
 def load_hf_peer(loaded) -> torch.nn.Module:

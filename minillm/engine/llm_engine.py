@@ -42,6 +42,9 @@ from minillm.structured.matcher import StructuredOutputManager
 from minillm.worker.model_runner import build_runner
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
+# Past the 64 rows the batched quantized kernels run on their tiles (kernels/cpu_qgemm.py TILES_MAX_ROWS): a prompt
+# step this long takes the int16 path, whose packed copy the first such step builds.
+WARM_UP_PROMPT_LEN = 128
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
 
 
@@ -197,6 +200,25 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def warm_up(self, prompt_len: int = WARM_UP_PROMPT_LEN) -> None:
+        """Pay for lazy initialization before anything is served or timed: the kernels' thread team, the allocator,
+        and the quantized weights' packed copies, which the first prompt step past the tiles' 64 rows and the first
+        batched decode step build (SmolLM2's int16 copy: ~250 ms, once). One request of `prompt_len` prompt tokens,
+        then three short ones decoding together, run to the end; the prefix cache and the step count are reset
+        after. On an idle engine only."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("warm_up() needs an idle engine: call it before adding requests")
+        vocab = self.model.cfg.vocab_size
+        longest = max(1, min(prompt_len, self.max_model_len - 5))
+        for wave in ([longest], [min(24, longest)] * 3):
+            for k, n in enumerate(wave):
+                self.add_request([3 + (k * 7 + j) % (vocab - 3) for j in range(n)],
+                                 SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+            while self.has_unfinished_requests():
+                self.step()
+        self.block_manager.reset_prefix_cache()
+        self.num_steps = 0
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[RequestOutput]:

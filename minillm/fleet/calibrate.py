@@ -26,7 +26,6 @@ from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
 
 TINY = "tiny-random"     # --model tiny-random: a 2-layer random model, for tests and a quick look at the machinery
-WARMUP_STEPS = 3         # the first steps pay for lazy initialization (kernel threads, allocator): not a step cost
 
 
 @dataclass(frozen=True)
@@ -103,12 +102,10 @@ def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
             ids = rng.integers(3, vocab, sc.prompt_len).tolist()
             engine.add_request(ids, SamplingParams(max_tokens=sc.output_len, temperature=0.0, ignore_eos=True))
 
+    engine.warm_up()          # lazy initialization is not a step cost
     engine.add_step_observer(observe)
     out: list[list[StepTrace]] = []
     try:
-        add(Scenario(2, 16, WARMUP_STEPS), 2)
-        while engine.has_unfinished_requests():
-            engine.step()
         bar = tqdm(scenarios, desc="calibrating", unit="scenario", disable=not progress)
         for sc in bar:
             current.clear()

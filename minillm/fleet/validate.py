@@ -268,7 +268,7 @@ def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], pr
     total = sum(len(w.requests) for w in workloads) * (1 + (0 if real is not None else repeat))
     bar = tqdm(total=total, desc="validating", unit="req", disable=not progress)
     if real is None:
-        warm_up(engine)
+        engine.warm_up()
     rows, reals = [], []
     for i, w in enumerate(workloads):
         bar.set_postfix_str(w.name)
@@ -282,16 +282,6 @@ def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], pr
         reals.append(runs)
     bar.close()
     return Validation(rows, sm.source), reals
-
-
-def warm_up(engine: LLMEngine) -> None:
-    """A few steps first: the first ones pay for lazy initialization (threads, allocator), as in calibrate."""
-    vocab = engine.model.cfg.vocab_size
-    for k in range(2):
-        engine.add_request([3 + (k * 7 + j) % (vocab - 3) for j in range(24)],
-                           SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
 
 
 def scaled(sm: StepModel, factor: float) -> StepModel:

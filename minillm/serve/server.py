@@ -44,12 +44,13 @@ def serve(model: str, engine_config: EngineConfig, config: ServeConfig,
             return
         try:
             loaded, engine = load(model, engine_config)
+            engines.append(engine)
+            engine.warm_up()      # the first user's request does not pay for lazy initialization
         except BaseException as e:  # noqa: BLE001 -- the server exits with the reason instead of serving 503s
             log(f"error: {e}")
             server.should_exit = True
             engines.append(e)
             return
-        engines.append(engine)
         name = config.served_model_name or model
         attach(serving, engine, name, loaded.sampling_defaults)
         log(f"minillm serve: {name} ready on http://{config.host}:{_port(server)}/v1 (Ctrl-C stops)")
@@ -64,10 +65,9 @@ def serve(model: str, engine_config: EngineConfig, config: ServeConfig,
     if serving.engine is not None:
         serving.engine.close()
     for e in engines:
-        if isinstance(e, BaseException):
-            return 2
-        e.close()
-    return 0
+        if not isinstance(e, BaseException):
+            e.close()
+    return 2 if any(isinstance(e, BaseException) for e in engines) else 0
 
 
 @contextlib.contextmanager
