@@ -115,3 +115,42 @@ def test_split_fit_recovers_two_code_paths():
     assert m.prefill_coeffs["o_step"] == pytest.approx(2e-2, rel=0.1) and m.coeffs["o_step"] < 1.1e-2
     assert m.fit_error["median"] < 0.02 and fit(traces).relative_errors(traces).mean() > 0.05
     assert StepModel.from_json(m.to_json()) == m
+
+
+def test_split_fit_recovers_short_prefill_steps_on_their_own_kernel():
+    """Prefill steps of at most 64 tokens run another kernel (tiles) than longer ones (the int16 copy): with
+    short_prefill_tokens=64 each side of the line gets its own coefficients; without, one line misfits the short
+    steps. The three sets survive JSON, the fleet's vectorised step time agrees with seconds(), and a set without
+    its threshold is refused."""
+    short = dict(TRUE, o_step=5e-3, c_token=9e-5)
+    three = StepModel(TRUE, prefill_coeffs=dict(TRUE, o_step=2e-2), short_prefill_coeffs=short,
+                      short_prefill_tokens=64)
+    traces = synthetic(400, 5, model=three)
+    held = synthetic(80, 6, model=three)
+    m = fit(traces, split=True, held_out=held, short_prefill_tokens=64)
+    # (few short steps: their tokens and sequences are nearly collinear, so the prediction is checked, not each
+    # coefficient)
+    shorts = [t for t in held if t.features.prefill_tokens and t.features.tokens <= 64]
+    assert m.short_prefill_tokens == 64 and len(shorts) >= 5 and m.fit_error["median"] < 0.02
+    assert np.median(m.relative_errors(shorts)) < 0.02
+    two = fit(traces, split=True)
+    assert not two.short_prefill_coeffs and np.median(two.relative_errors(shorts)) > 0.1
+    assert StepModel.from_json(m.to_json()) == m
+    with pytest.raises(ValueError, match="short_prefill_tokens > 0"):
+        StepModel(TRUE, prefill_coeffs=TRUE, short_prefill_coeffs=TRUE)
+    with pytest.raises(ValueError, match="missing"):
+        StepModel(TRUE, prefill_coeffs=TRUE, short_prefill_coeffs={"o_step": 1.0}, short_prefill_tokens=64)
+
+
+def test_the_fast_engines_step_time_takes_the_same_coefficient_set():
+    from minillm.fleet.aggregate.fleet import AggregateFleet
+    from minillm.fleet.aggregate.routing import make_batch_router
+    from minillm.fleet.replica import ReplicaConfig
+    three = StepModel(TRUE, prefill_coeffs=dict(TRUE, o_step=2e-2), short_prefill_coeffs=dict(TRUE, o_step=5e-3),
+                      short_prefill_tokens=64)
+    feats = [f.features for f in synthetic(200, 7, model=three)]
+    arr = lambda name: np.array([getattr(f, name) for f in feats], float)     # noqa: E731
+    fleet = AggregateFleet(three, ReplicaConfig(4096, 16, 64, 512), 1, make_batch_router("round-robin", 1))
+    got = fleet.step_seconds(arr("prefill_tokens"), arr("decode_tokens"), arr("kv_tokens"), arr("attn_pairs"),
+                             arr("num_seqs"))
+    assert np.allclose(got, [three.seconds(f) for f in feats], rtol=1e-12)

@@ -22,6 +22,7 @@ import pytest
 from minillm.cli import main
 from minillm.fleet import validate as val
 from minillm.fleet.calibrate import calibrate, tiny_engine
+from minillm.fleet.probe import probe
 from minillm.fleet.step_model import from_roofline
 
 
@@ -53,9 +54,10 @@ def check_table(v: val.Validation, workloads: list[val.Workload], real: list, re
 def test_on_the_step_models_clock_the_real_engine_replays_the_simulation_exactly(tiny):
     engine, sm = tiny
     workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
-    with val.StepModelClock(engine, sm) as clock:
-        good, real = val.validate(engine, sm, workloads, progress=False, repeat=2, clock=clock)
+    with val.StepModelClock(engine, sm) as clock:      # a drift probe would read model time against wall time
+        good, real = val.validate(engine, sm, workloads, progress=False, repeat=2, clock=clock, correct_drift=False)
     check_table(good, workloads, real, 2)
+    assert all(r["error_raw"] == r["error"] for r in good.rows) and "not corrected for" in val.table(good)
     assert good.median_spread < 1e-12      # greedy, and a clock that is a function of the steps (to rounding)
     assert max(good.errors) < 1e-9, val.table(good)
     wrong, _ = val.validate(engine, val.scaled(sm, 3.0), workloads, progress=False, real=real)
@@ -70,6 +72,23 @@ def test_on_the_step_models_clock_the_real_engine_replays_the_simulation_exactly
     busy = workloads[1]
     err = val.compare(val.summarize(real[1][0]), val.summarize(val.run_sim(sm, narrow, busy.requests)))
     assert max(err.values()) > 0.2, err
+
+
+def test_the_drift_probe_tells_a_slower_machine_from_a_wrong_model(tiny):
+    """The machine 'calibrated' on the step model's clock, 'validated' on a clock 1.2x slower: the probe reads the
+    1.2x, the corrected simulation replays exactly, and the uncorrected one is off by about the drift."""
+    engine, sm = tiny
+    with val.StepModelClock(engine, sm) as clock:
+        at_calibration = replace(sm, replica=sm.replica | {"probe_s": probe(engine, clock)})
+    workloads = val.held_out_workloads(sm, engine.model.cfg.vocab_size, 16, loads=(0.5, 2.0))
+    with val.StepModelClock(engine, val.scaled(sm, 1.2)) as slower:
+        v, real = val.validate(engine, at_calibration, workloads, progress=False, clock=slower)
+    assert v.drift_corrected and all(r["speed"] == pytest.approx(1.2, rel=1e-9) for r in v.rows)
+    assert max(v.errors) < 1e-9, val.table(v)
+    assert 0.1 < v.median_error_raw < 0.3 and "on the model as calibrated: median error" in val.table(v)
+    off, _ = val.validate(engine, at_calibration, workloads, progress=False, real=real,
+                          speeds=[r["speed"] for r in v.rows], correct_drift=False)
+    assert not off.drift_corrected and off.median_error == pytest.approx(v.median_error_raw)
 
 
 def test_on_the_wall_clock_the_error_is_measured_and_reported(tiny, record_duration, capsys):

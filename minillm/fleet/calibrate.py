@@ -20,7 +20,9 @@ from minillm.config import EngineConfig, ModelConfig, cache_root
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import StepInfo
 from minillm.executor.launch import start_engine
+from minillm.fleet.probe import probe
 from minillm.fleet.step_model import StepFeatures, StepModel, StepTrace, fit
+from minillm.kernels import cpu_qgemm
 from minillm.kv.cache import KVCache
 from minillm.models.llama import LlamaModel
 from minillm.sampling.params import SamplingParams
@@ -55,6 +57,11 @@ def default_scenarios(quick: bool = False) -> list[Scenario]:
             for p in (16, 64, 96, 256, 1024):
                 out.append(Scenario(b, p, 24))
                 out.append(Scenario(b, p, 24, second_wave=1))
+        # A decode step's cost is concave in its rows between 2 and ~12 (4.5 ms at 1 row, +1.5 ms a row to 9, +1.1
+        # after: the rows share each widened weight block), where a lightly loaded replica lives; with batches only
+        # at 1, 4, 16 the fit drew one line through them and ran 10-16 % fast at 5-9 rows.
+        for b in (2, 3, 5, 6, 8, 10, 12):
+            out.append(Scenario(b, 64, 16))
         # ... and one prompt joining a batch of running decodes (a step of one chunk and many decode rows)
         for b in (6, 12, 32, 48):
             for p in (48, 160):
@@ -135,7 +142,13 @@ def calibrate(model: str = "default", engine: LLMEngine | None = None, scenarios
     """Record, fit on 3 of every 4 scenarios, measure the error on the 4th, save (unless out=""), return."""
     engine = engine or build_engine(model, **settings)
     scenarios = list(scenarios or default_scenarios(quick))
+    engine.warm_up()
+    before = probe(engine)
     per = record(engine, scenarios, seed, progress)
+    after = probe(engine)
+    if log and abs(after / before - 1) > 0.05:
+        log(f"warning: the machine's speed moved {100 * (after / before - 1):+.0f} % during calibration (probe "
+            f"{before:.3f} s before, {after:.3f} s after): on a quieter machine the fit would be truer")
     train = [t for i, s in enumerate(per) if i % 4 != 3 for t in s]
     held = [t for i, s in enumerate(per) if i % 4 == 3 for t in s] or train
     cc, sc = engine.config.cache, engine.config.scheduler
@@ -144,11 +157,13 @@ def calibrate(model: str = "default", engine: LLMEngine | None = None, scenarios
                "max_model_len": engine.max_model_len,
                # what a disaggregated fleet ships per token of context, and what a host KV tier stores
                "kv_bytes_per_token": KVCache.bytes_per_token(engine.model.cfg, engine.kv_cache.k.dtype),
-               "model": engine.model.cfg.name}     # fleet validate refuses a step model of another model
+               "model": engine.model.cfg.name,     # fleet validate refuses a step model of another model
+               "probe_s": (before + after) / 2}    # the machine's speed at calibration (fleet/probe.py)
     name = engine.model.cfg.name
-    # split: decode-only steps and steps with prefill run different code paths (see step_model's docstring)
+    # split: decode-only steps, and steps with prefill on either side of the quantized kernels' switch from tiles to
+    # the int16 copy, run different code paths (see step_model's docstring)
     sm = fit(train, source=f"calibrated: {name} on this machine ({len(train)} steps)", replica=replica, held_out=held,
-             split=True)
+             split=True, short_prefill_tokens=cpu_qgemm.TILES_MAX_ROWS)
     if out != "":
         path = sm.save(out or default_path(model if model != "default" else "default"))
         if log:

@@ -85,6 +85,11 @@ def add_fleet_parser(sub) -> argparse.ArgumentParser:
     v.add_argument("--repeat", type=int, default=1,
                    help="real runs per workload (default 1): the error is against their mean, and the table shows "
                         "the real engine's own run-to-run spread next to it")
+    v.add_argument("--no-drift-correction", action="store_true",
+                   help="simulate on the step model as calibrated. By default a short fixed probe runs beside every "
+                        "real run, and each workload is simulated on the step model scaled by the machine's speed "
+                        "now over its speed at calibration (a shared machine drifts 10-20 %% in minutes); the table "
+                        "shows the speed and the uncorrected median either way")
     v.add_argument("--json", metavar="FILE", help="write the table (and the median and worst errors) as JSON")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -33,9 +33,13 @@ def run_calibrate(args) -> int:
     sm = calibrate(args.model, quick=args.quick, seed=args.seed, out=args.out, log=_log)
     e = sm.fit_error
     print(f"step model: {sm.source}")
-    for k, v in sm.coeffs.items():
-        print(f"  {k:8s} {v:.3e} s" + (f"   {sm.prefill_coeffs[k]:.3e} s" if sm.prefill_coeffs else ""))
-    if sm.prefill_coeffs:
+    sets = [c for c in (sm.coeffs, sm.short_prefill_coeffs, sm.prefill_coeffs) if c]
+    for k in sm.coeffs:
+        print(f"  {k:8s} " + "   ".join(f"{c[k]:.3e} s" for c in sets))
+    if sm.short_prefill_coeffs:
+        print(f"  (columns: decode-only steps; steps with prefill tokens, <= {sm.short_prefill_tokens} tokens in all;"
+              " longer ones)")
+    elif sm.prefill_coeffs:
         print("  (left: decode-only steps; right: steps with prefill tokens)")
     print(f"held-out error ({e['steps']} steps): median {100 * e['median']:.1f} %, p90 {100 * e['p90']:.1f} %")
     return 0
@@ -59,7 +63,8 @@ def run_validate(args) -> int:
     longest_output = max(m.output_range[1] for m in validate.MIXES)
     workloads = validate.held_out_workloads(sm, engine.model.cfg.vocab_size, n, loads, seed=args.seed,
                                             max_prompt=engine.max_model_len - longest_output)
-    v, _ = validate.validate(engine, sm, workloads, progress=not args.no_progress, repeat=args.repeat)
+    v, _ = validate.validate(engine, sm, workloads, progress=not args.no_progress, repeat=args.repeat,
+                             correct_drift=not args.no_drift_correction)
     print(f"step model: {sm.source}; {n} requests per workload, Poisson arrivals, seed {args.seed}")
     print(validate.table(v))
     if args.json:

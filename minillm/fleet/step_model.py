@@ -12,7 +12,10 @@ with tokens = prefill + decode tokens of the step, attention pairs = (query, key
 KV tokens read = the context each scheduled sequence reads. A fitted model may carry a second set of coefficients
 for steps that run any prefill (`prefill_coeffs`): on a CPU the engine runs a decode-only step as one fused C call
 and any other step through the model's layers (worker/model_runner.py), two code paths with different fixed and
-per-sequence costs, so one set of coefficients for both would be wrong for one of them. The coefficients come
+per-sequence costs, so one set of coefficients for both would be wrong for one of them. Likewise a third set
+(`short_prefill_coeffs`) for prefill steps of at most `short_prefill_tokens` tokens: the CPU's quantized layers run
+up to 64 rows on the weights' tiles and more on an int16 copy, two kernels with different slopes (a 30-token prompt
+ran ~12 % slower than one line through both predicted). The coefficients come
 either from a fit to steps the real engine recorded (`fit`, minillm fleet calibrate) or from a roofline of a catalog
 model on a catalog accelerator (`from_roofline`, through the estimator's datasheet arithmetic).
 """
@@ -92,15 +95,28 @@ class StepModel:
     replica: dict = field(default_factory=dict)
     fit_error: dict = field(default_factory=dict)   # median / p90 relative error on held-out steps
     prefill_coeffs: dict = field(default_factory=dict)   # for steps with prefill tokens; empty: `coeffs` for all
+    short_prefill_coeffs: dict = field(default_factory=dict)   # for those of <= short_prefill_tokens tokens
+    short_prefill_tokens: int = 0
 
     def __post_init__(self) -> None:
-        missing = (set(COEFFS) - set(self.coeffs)) | (set(COEFFS) - set(self.prefill_coeffs or COEFFS))
+        missing = set(COEFFS) - set(self.coeffs)
+        for optional in (self.prefill_coeffs, self.short_prefill_coeffs):
+            missing |= set(COEFFS) - set(optional or COEFFS)
         if missing or self.form not in FORMS:
             raise ValueError(f"a step model needs coefficients {', '.join(COEFFS)} (missing {sorted(missing)}) "
                              f"and a form in {FORMS} (got {self.form!r})")
+        if bool(self.short_prefill_coeffs) != (self.short_prefill_tokens > 0) or \
+                (self.short_prefill_coeffs and not self.prefill_coeffs):
+            raise ValueError("short_prefill_coeffs come with short_prefill_tokens > 0 and with prefill_coeffs")
+
+    def coeffs_for(self, f: StepFeatures) -> dict[str, float]:
+        """The coefficient set for a step: decode-only, short prefill (<= short_prefill_tokens), or prefill."""
+        if not f.prefill_tokens or not self.prefill_coeffs:
+            return self.coeffs
+        return self.short_prefill_coeffs if f.tokens <= self.short_prefill_tokens else self.prefill_coeffs
 
     def seconds(self, f: StepFeatures) -> float:
-        k, t = self.prefill_coeffs if self.prefill_coeffs and f.prefill_tokens else self.coeffs, f.tokens
+        k, t = self.coeffs_for(f), f.tokens
         over = k["o_step"] + k["o_seq"] * f.num_seqs + k["o_token"] * t
         comp = k["c_token"] * t + k["c_pair"] * f.attn_pairs + k["c_seq"] * f.num_seqs
         mem = k["m_step"] + k["m_kv"] * f.kv_tokens
@@ -121,7 +137,9 @@ class StepModel:
         return cls(coeffs={k: float(v) for k, v in d["coeffs"].items()}, form=d.get("form", "max"),
                    source=d.get("source", ""), replica=dict(d.get("replica", {})),
                    fit_error=dict(d.get("fit_error", {})),
-                   prefill_coeffs={k: float(v) for k, v in d.get("prefill_coeffs", {}).items()})
+                   prefill_coeffs={k: float(v) for k, v in d.get("prefill_coeffs", {}).items()},
+                   short_prefill_coeffs={k: float(v) for k, v in d.get("short_prefill_coeffs", {}).items()},
+                   short_prefill_tokens=int(d.get("short_prefill_tokens", 0)))
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -175,13 +193,21 @@ def _design(features: Sequence[StepFeatures], compute_bound: np.ndarray, form: s
 
 
 def fit(traces: Sequence[StepTrace], form: str = "max", source: str = "fit", replica: dict | None = None,
-        held_out: Sequence[StepTrace] = (), split: bool = False) -> StepModel:
+        held_out: Sequence[StepTrace] = (), split: bool = False, short_prefill_tokens: int = 0) -> StepModel:
     """`_fit_one` over all steps, or with `split`, one fit over the decode-only steps (`coeffs`) and one over the
-    steps with prefill tokens (`prefill_coeffs`), each with enough steps (else one fit for all)."""
+    steps with prefill tokens (`prefill_coeffs`), each with enough steps (else one fit for all); and with
+    `short_prefill_tokens`, the prefill steps of at most that many tokens fitted apart (`short_prefill_coeffs`),
+    when both sides of the line have enough steps."""
+    enough = lambda group: len(group) >= 2 * len(FITTED)     # noqa: E731
     pre = [t for t in traces if t.features.prefill_tokens]
     dec = [t for t in traces if not t.features.prefill_tokens]
-    if split and len(pre) >= 2 * len(FITTED) and len(dec) >= 2 * len(FITTED):
+    short = [t for t in pre if t.features.tokens <= short_prefill_tokens]
+    long = [t for t in pre if t.features.tokens > short_prefill_tokens]
+    if split and enough(pre) and enough(dec):
         best = replace(_fit_one(dec, form, source, replica), prefill_coeffs=_fit_one(pre, form).coeffs)
+        if short_prefill_tokens > 0 and enough(short) and enough(long):
+            best = replace(best, prefill_coeffs=_fit_one(long, form).coeffs,
+                           short_prefill_coeffs=_fit_one(short, form).coeffs, short_prefill_tokens=short_prefill_tokens)
     else:
         best = _fit_one(traces, form, source, replica)
     if held_out:

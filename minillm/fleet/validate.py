@@ -16,11 +16,9 @@ output tokens / (last finish - first arrival). Greedy, EOS ignored, so the outpu
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -28,6 +26,7 @@ from tqdm.auto import tqdm
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.outputs import StepInfo
 from minillm.fleet.calibrate import step_features
+from minillm.fleet.probe import Clock, WallClock, probe
 from minillm.fleet.replica import Finished, Replica, ReplicaConfig
 from minillm.fleet.routers import RoundRobin
 from minillm.fleet.simulator import simulate
@@ -103,20 +102,6 @@ class Timeline:
 
 
 # ---------------------------------------------------------------------- the two sides
-
-class Clock(Protocol):
-    """Where run_real reads the time: the wall clock, or (to check the replay itself) a step model's clock."""
-    def now(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
-class WallClock:
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
 
 class StepModelClock:
     """A clock that the real engine's steps advance by what `sm` predicts for each (heard through the public step
@@ -226,7 +211,13 @@ def over_runs(runs: Sequence[dict[str, float]]) -> tuple[dict[str, float], dict[
 @dataclass
 class Validation:
     rows: list[dict]             # per workload: name, rate, requests, real {...} (mean of runs), runs [{...}],
-    source: str                  # spread {...}, sim {...}, error {...}
+    source: str                  # spread {...}, sim {...}, error {...}, speed, error_raw {...}
+    drift_corrected: bool = False
+
+    @property
+    def median_error_raw(self) -> float:
+        """The median error of the step model as calibrated, not scaled by the machine's drift."""
+        return float(np.median([e for r in self.rows for e in r["error_raw"].values()]))
 
     @property
     def errors(self) -> list[float]:
@@ -253,18 +244,26 @@ class Validation:
     def to_dict(self) -> dict:
         e, where = self.worst
         return {"step_model": self.source, "rows": self.rows, "median_error": self.median_error,
-                "worst_error": e, "worst": where, "repeats": self.repeats, "median_spread": self.median_spread}
+                "worst_error": e, "worst": where, "repeats": self.repeats, "median_spread": self.median_spread,
+                "drift_corrected": self.drift_corrected, "median_error_raw": self.median_error_raw}
 
 
 def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], progress: bool = True,
-             real: Sequence[list[list[Timeline]]] | None = None,
-             repeat: int = 1, clock: Clock | None = None) -> tuple[Validation, list[list[list[Timeline]]]]:
+             real: Sequence[list[list[Timeline]]] | None = None, repeat: int = 1, clock: Clock | None = None,
+             correct_drift: bool = True, speeds: Sequence[float] | None = None
+             ) -> tuple[Validation, list[list[list[Timeline]]]]:
     """Each workload through the real engine `repeat` times on `clock` (the wall clock unless given; unless `real`
     runs are given: one set of runs checks several step models) and once through the simulator (it is
-    deterministic); the table rows, the error against the mean of the real runs, and the real runs' timelines."""
+    deterministic); the table rows, the error against the mean of the real runs, and the real runs' timelines.
+
+    The machine's drift since calibration: when the step model carries its calibration's probe time, the probe
+    (fleet/probe.py) runs before every real run and after the last, a workload's speed is the median of its probes
+    over the calibration's, and with `correct_drift` its simulation runs on the step model scaled by that speed
+    (the row keeps the error on the unscaled model too). With `real` runs, `speeds` are theirs (else 1)."""
     if repeat < 1:
         raise ValueError(f"repeat={repeat} must be >= 1")
     config = replica_config_of(engine)
+    base = sm.replica.get("probe_s")
     total = sum(len(w.requests) for w in workloads) * (1 + (0 if real is not None else repeat))
     bar = tqdm(total=total, desc="validating", unit="req", disable=not progress)
     if real is None:
@@ -272,22 +271,32 @@ def validate(engine: LLMEngine, sm: StepModel, workloads: Sequence[Workload], pr
     rows, reals = [], []
     for i, w in enumerate(workloads):
         bar.set_postfix_str(w.name)
-        runs = [list(r) for r in real[i]] if real is not None else \
-            [run_real(engine, w.requests, lambda: bar.update(), clock) for _ in range(repeat)]
-        s = run_sim(sm, config, w.requests, lambda: bar.update())
-        per_run, ss = [summarize(r) for r in runs], summarize(s)
+        if real is not None:
+            runs, speed = [list(r) for r in real[i]], (speeds[i] if speeds is not None else 1.0)
+        else:
+            runs, probes = [], []
+            for _ in range(repeat):
+                probes += [probe(engine, clock)] if base else []
+                runs.append(run_real(engine, w.requests, lambda: bar.update(), clock))
+            probes += [probe(engine, clock)] if base else []
+            speed = float(np.median(probes)) / base if base else 1.0
+        raw = summarize(run_sim(sm, config, w.requests, lambda: bar.update()))
+        ss = summarize(run_sim(scaled(sm, speed), config, w.requests)) if correct_drift and speed != 1.0 else raw
+        per_run = [summarize(r) for r in runs]
         rs, spread = over_runs(per_run)
         rows.append({"workload": w.name, "rate": w.rate, "requests": len(w.requests), "real": rs,
-                     "runs": per_run, "spread": spread, "sim": ss, "error": compare(rs, ss)})
+                     "runs": per_run, "spread": spread, "sim": ss, "error": compare(rs, ss), "speed": speed,
+                     "error_raw": compare(rs, raw)})
         reals.append(runs)
     bar.close()
-    return Validation(rows, sm.source), reals
+    return Validation(rows, sm.source, correct_drift and base is not None), reals
 
 
 def scaled(sm: StepModel, factor: float) -> StepModel:
     """Every coefficient x factor: a deliberately wrong step model (the check must flag it)."""
     return replace(sm, coeffs={k: v * factor for k, v in sm.coeffs.items()},
                    prefill_coeffs={k: v * factor for k, v in sm.prefill_coeffs.items()},
+                   short_prefill_coeffs={k: v * factor for k, v in sm.short_prefill_coeffs.items()},
                    source=f"{sm.source} x {factor:g}")
 
 
@@ -305,7 +314,7 @@ def table(v: Validation) -> str:
     """One row per (workload, metric): real (the mean of the runs), simulated, error, and with repeated runs the
     real side's own spread; then the median and the worst."""
     repeated = v.repeats > 1
-    heads = ["workload", "req/s", "metric", "real" + (f" (mean of {v.repeats})" if repeated else ""), "sim",
+    heads = ["workload", "req/s", "speed", "metric", "real" + (f" (mean of {v.repeats})" if repeated else ""), "sim",
              "error"] + (["real spread"] if repeated else [])
     names = {"ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_p50_ms": "TPOT p50 ms",
              "tpot_p99_ms": "TPOT p99 ms", "out_tok_s": "out tok/s"}
@@ -313,13 +322,16 @@ def table(v: Validation) -> str:
     for r in v.rows:
         for k in METRICS:
             err = r["error"].get(k, math.nan)
-            rows.append([r["workload"] if k == METRICS[0] else "", f"{r['rate']:.2f}" if k == METRICS[0] else "",
-                         names[k], f"{r['real'][k]:.1f}", f"{r['sim'][k]:.1f}", f"{100 * err:.1f} %"]
+            first = k == METRICS[0]
+            rows.append([r["workload"] if first else "", f"{r['rate']:.2f}" if first else "",
+                         f"{r['speed']:.2f}x" if first else "", names[k], f"{r['real'][k]:.1f}", f"{r['sim'][k]:.1f}",
+                         f"{100 * err:.1f} %"]
                         + ([f"{100 * r['spread'].get(k, math.nan):.1f} %"] if repeated else []))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
-    lines = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))),
+    left = (0, 1, 3)
+    lines = ["  ".join(h.ljust(w) if i in left else h.rjust(w) for i, (h, w) in enumerate(zip(heads, widths))),
              "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    lines += ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
               for row in rows]
     e, where = v.worst
     lines.append(f"median error {100 * v.median_error:.1f} %, worst {100 * e:.1f} % ({where}); "
@@ -327,4 +339,14 @@ def table(v: Validation) -> str:
     if repeated:
         lines.append(f"the real engine's own spread over {v.repeats} runs: median {100 * v.median_spread:.1f} % "
                      "(an error below a metric's spread is within what one real run can tell)")
+    speeds = [r["speed"] for r in v.rows]
+    if v.drift_corrected:
+        lines.append(f"speed: the probe's time now over at calibration ({min(speeds):.2f}-{max(speeds):.2f}x); each "
+                     f"workload simulated on the step model x its speed; on the model as calibrated: median error "
+                     f"{100 * v.median_error_raw:.1f} %")
+    elif any(s != 1.0 for s in speeds):
+        lines.append(f"speed: the probe's time now over at calibration ({min(speeds):.2f}-{max(speeds):.2f}x), "
+                     "not corrected for")
+    else:
+        lines.append("speed: not probed (the step model has no calibration probe time: recalibrate to get one)")
     return "\n".join(lines)

@@ -69,8 +69,12 @@ class AggregateFleet:
             comp = k["c_token"] * tokens + k["c_pair"] * pairs + k["c_seq"] * seqs
             mem = k["m_step"] + k["m_kv"] * kv
             return over + (np.maximum(comp, mem) if sm.form == "max" else comp + mem)
-        base = t(sm.coeffs)
-        return np.where(prefill > 0, t(sm.prefill_coeffs), base) if sm.prefill_coeffs else base
+        if not sm.prefill_coeffs:
+            return t(sm.coeffs)
+        with_prefill = t(sm.prefill_coeffs)
+        if sm.short_prefill_coeffs:
+            with_prefill = np.where(tokens <= sm.short_prefill_tokens, t(sm.short_prefill_coeffs), with_prefill)
+        return np.where(prefill > 0, with_prefill, t(sm.coeffs))
 
     # ------------------------------------------------------------------ the run
     def run(self, batches: Iterable[RequestBatch], progress: bool = False, horizon: float | None = None
