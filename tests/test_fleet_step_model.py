@@ -120,8 +120,7 @@ def test_split_fit_recovers_two_code_paths():
 def test_split_fit_recovers_short_prefill_steps_on_their_own_kernel():
     """Prefill steps of at most 64 tokens run another kernel (tiles) than longer ones (the int16 copy): with
     short_prefill_tokens=64 each side of the line gets its own coefficients; without, one line misfits the short
-    steps. The three sets survive JSON, the fleet's vectorised step time agrees with seconds(), and a set without
-    its threshold is refused."""
+    steps. The three sets survive JSON, and a set without its threshold is refused."""
     short = dict(TRUE, o_step=5e-3, c_token=9e-5)
     three = StepModel(TRUE, prefill_coeffs=dict(TRUE, o_step=2e-2), short_prefill_coeffs=short,
                       short_prefill_tokens=64)

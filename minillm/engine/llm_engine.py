@@ -30,6 +30,7 @@ from minillm.engine.scheduler import Scheduler, SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.engine.simple import eos_token_ids
 from minillm.engine.stream import TextStream
+from minillm.kernels import cpu_qgemm
 from minillm.kv.block_manager import BlockManager
 from minillm.kv.cache import KVCache, pool_dtype
 from minillm.layers.attention import get_attention_backend
@@ -42,9 +43,9 @@ from minillm.structured.matcher import StructuredOutputManager
 from minillm.worker.model_runner import build_runner
 
 # The seams that live inside the block manager: plug(**{name: piece}) builds a BlockManager with them.
-# Past the 64 rows the batched quantized kernels run on their tiles (kernels/cpu_qgemm.py TILES_MAX_ROWS): a prompt
-# step this long takes the int16 path, whose packed copy the first such step builds.
-WARM_UP_PROMPT_LEN = 128
+# Past TILES_MAX_ROWS rows the batched quantized kernels leave their tiles for the int16 path: a prompt step this
+# long takes it, and builds its packed copy.
+WARM_UP_PROMPT_LEN = 2 * cpu_qgemm.TILES_MAX_ROWS
 BLOCK_MANAGER_SEAMS = ("allocator_cls", "slot_mapping_fn", "hash_fn", "prefix_lookup", "evictor_cls")
 
 

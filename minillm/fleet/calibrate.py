@@ -96,7 +96,8 @@ def step_features(info: StepInfo) -> StepFeatures:
 
 def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
            progress: bool = True) -> list[list[StepTrace]]:
-    """Run each scenario to completion on `engine`; per scenario, the steps it took (features, wall seconds)."""
+    """Run each scenario to completion on `engine` (warmed up: LLMEngine.warm_up, as calibrate does before its
+    first probe); per scenario, the steps it took (features, wall seconds)."""
     rng = np.random.default_rng(seed)
     vocab = engine.model.cfg.vocab_size
     current: list[StepTrace] = []
@@ -109,7 +110,6 @@ def record(engine: LLMEngine, scenarios: Sequence[Scenario], seed: int = 0,
             ids = rng.integers(3, vocab, sc.prompt_len).tolist()
             engine.add_request(ids, SamplingParams(max_tokens=sc.output_len, temperature=0.0, ignore_eos=True))
 
-    engine.warm_up()          # lazy initialization is not a step cost
     engine.add_step_observer(observe)
     out: list[list[StepTrace]] = []
     try:
@@ -142,7 +142,7 @@ def calibrate(model: str = "default", engine: LLMEngine | None = None, scenarios
     """Record, fit on 3 of every 4 scenarios, measure the error on the 4th, save (unless out=""), return."""
     engine = engine or build_engine(model, **settings)
     scenarios = list(scenarios or default_scenarios(quick))
-    engine.warm_up()
+    engine.warm_up()          # lazy initialization is neither a step cost nor the machine's speed
     before = probe(engine)
     per = record(engine, scenarios, seed, progress)
     after = probe(engine)
