@@ -169,6 +169,25 @@ def test_tiles_equal_their_arithmetic_and_rows_one_at_a_time(m, n, blocks, group
     assert float(((y.double() - alone.double()).abs() / scale).max()) < 1e-6
 
 
+@given(m=st.integers(1, 20), blocks=st.integers(1, 6), kind=st.sampled_from(["int4", "int8", "int8-channel"]),
+       seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=25, deadline=None, derandomize=True)
+@example(m=13, blocks=18, kind="int4", seed=0)          # 8 + 5 rows in AVX-512's passes, 4 + 4 + 4 + 1 in AVX2's
+def test_the_tiles_built_without_avx512_give_the_same_bits(m, blocks, kind, seed):
+    """A pass of the tiles holds 8 rows where AVX-512's 32 registers exist and 4 with AVX2's 16; without VNNI the
+    multiply-adds take two instructions. The sums are exact integers either way and the float steps are the same, so
+    the two builds agree bit for bit (on a machine without AVX-512 both are the AVX2 build)."""
+    native, avx2 = cpu_qgemm.load("c"), cpu_qgemm.load("avx2")
+    if native is None or avx2 is None or not avx2.minillm_qgemm_tiles_available():
+        pytest.skip("no C compiler or no AVX2")
+    spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, 32)
+    qw = quantize(_rand(50, 32 * blocks, seed), spec)
+    x = _rand(m, 32 * blocks, seed + 1)
+    x[0, 0] = 300.0
+    packed = cpu_qgemm.tiles_copy(qw)
+    assert torch.equal(cpu_qgemm.linear_tiles(x, packed, native), cpu_qgemm.linear_tiles(x, packed, avx2))
+
+
 @given(rows=st.integers(1, 6), blocks=st.integers(1, 8), seed=st.integers(0, 2**31 - 1),
        kind=st.sampled_from(["normal", "ties", "outlier", "zeros", "tiny"]))
 @settings(max_examples=40, deadline=None, derandomize=True)

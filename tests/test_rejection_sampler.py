@@ -192,6 +192,22 @@ def test_a_seeded_request_gets_the_same_tokens_whatever_else_is_in_the_batch(see
     assert rs(torch.cat(ps), ds, qs, gens)[at] == alone
 
 
+def test_a_one_hot_final_row_draws_no_noise_and_the_others_still_do():
+    """A greedy request's final distribution has one nonzero entry, so its token needs no draw (V exponentials a
+    row were half the extra cost of a greedy step verifying one guess): its generator advances by its k uniforms
+    only. A row with two nonzero entries, however uneven, is still drawn: both its tokens come out."""
+    one_hot = torch.nn.functional.one_hot(torch.tensor([3, 7, 7]), V).double()     # k = 2: rows 1..3
+    drafts = [[3, 5]]                                   # the second guess is rejected: final = p_2, one-hot on 7
+    g, expected = make_generator(5), make_generator(5)
+    assert RejectionSampler()(one_hot, drafts, [None], [g]) == [[3, 7]]
+    torch.rand(2, generator=expected, dtype=torch.float64)                         # the two acceptance tests
+    assert torch.equal(g.get_state(), expected.get_state())
+    uneven = torch.zeros(1, V, dtype=torch.float64)
+    uneven[0, 1], uneven[0, 2] = 1 - 1e-3, 1e-3
+    got = {RejectionSampler()(uneven, [[]], [None], [make_generator(s)])[0][0] for s in range(20_000)}
+    assert got == {1, 2}
+
+
 @pytest.mark.slow
 def test_the_vectorized_sampler_and_the_per_request_rule_agree_in_distribution_on_a_mixed_batch():
     """Requests with different k in one call: each request's first token ~ its own p_1 (chi-square)."""

@@ -41,7 +41,7 @@ from minillm.kernels import cpu_native, cpu_qgemm, cpu_threads
 from minillm.quant.formats import QuantizedWeight
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c", CSRC / "int16_gemm.c")
+SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 FUSED_STEPS = 0          # decode steps run fused, for the benchmarks to say which path they timed ...
 FUSED_TILES_STEPS = 0    # ... and those of them whose matmuls ran on qgemm.c's tiles (batched rows)

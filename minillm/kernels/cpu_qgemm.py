@@ -33,7 +33,7 @@ from minillm.kernels.cpu_w8a8 import cached, w8a8_linear
 from minillm.quant.formats import QuantizedWeight, QuantSpec, quantize, quantize_activations, unpack_int4
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = (CSRC / "qgemm.c", CSRC / "int16_gemm.c")     # the tiles (many rows) use int16_gemm.c's register tile
+SOURCES = (CSRC / "qgemm.c",)
 KIND = {"int8": 0, "int4": 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [ctypes.c_int, _P, _I, _I, _I, _P, _P, _P, _I, _I, _P, _I, ctypes.c_int]
@@ -44,10 +44,14 @@ def mode() -> str:
     return config.kernels().qgemm
 
 
+VARIANT_FLAGS = {"c": (), "scalar": ("-DMINILLM_QGEMM_SCALAR",), "avx2": ("-mno-avx512f",)}
+
+
 @functools.cache
 def load(variant: str = "c") -> ctypes.CDLL | None:
-    """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs)."""
-    extra = ("-DMINILLM_QGEMM_SCALAR",) if variant == "scalar" else ()
+    """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs). "avx2":
+    built without AVX-512 (the tiles then hold 4 rows a pass, not 8), for tests on a machine that has it."""
+    extra = VARIANT_FLAGS[variant]
     lib = cpu_native.open_library(SOURCES, "C quantized-matmul kernel", "dequantizing to float instead", extra)
     if lib is None:
         return None
@@ -264,7 +268,7 @@ class PackedTiles:
         return self.tiles.shape[0] * TILE_N
 
 
-TILE_N = cpu_int16.TILE_N      # the tiles run int16_gemm.c's register tile: its 24 columns
+TILE_N = 24                    # columns per tile: qgemm.c's TN, three vectors of 8 sums
 
 
 def pack_tiles(qw: QuantizedWeight) -> PackedTiles:

@@ -147,47 +147,7 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
     }
 }
 
-/* chunk() for the rest of a tile, R = 1..3 rows (a constant in each instance): a product of 5 rows does 5 rows' work,
-   not 8. */
-static inline __attribute__((always_inline)) void chunk_rows(const int16_t *p, int64_t K, int64_t npairs,
-                                                             const int16_t *w, int32_t acc[TM][TN], const int R) {
-    __m256i a[TM][3];
-    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = _mm256_setzero_si256();
-    for (int64_t j = 0; j < npairs; j++, w += 2 * TN) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16)),
-                      w2 = _mm256_loadu_si256((const __m256i *)(w + 32));
-        for (int r = 0; r < R; r++) {
-            const __m256i b = _mm256_set1_epi32(((const int32_t *)(p + r * K))[j]);
-            DP(a[r][0], b, w0); DP(a[r][1], b, w1); DP(a[r][2], b, w2);
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int v = 0; v < 3; v++) _mm256_storeu_si256((__m256i *)(acc[r] + 8 * v), a[r][v]);
-}
-
-#define CHUNK_ROWS(R) \
-__attribute__((noinline)) static void chunk_##R(const int16_t *p, int64_t K, int64_t npairs, const int16_t *w, \
-                                                int32_t acc[TM][TN]) { chunk_rows(p, K, npairs, w, acc, R); }
-CHUNK_ROWS(1) CHUNK_ROWS(2) CHUNK_ROWS(3)
-#undef CHUNK_ROWS
 #endif
-
-/* The integer sums of one tile, rows 1..4 of p (rows K apart) against npairs input pairs of 24 columns of int16
-   weights w ([npairs][24][2]): acc[r][col] = sum_k p[r, k] w[col, k]. qgemm.c's tiles (the weights' own int4 / int8
-   codes, widened to this layout a block at a time) call it. */
-void minillm_int16_tile_sums(const int16_t *p, int64_t K, int64_t npairs, const int16_t *w, int32_t acc[4][24],
-                             int rows) {
-#if W16_AVX2
-    switch (rows) {
-        case 1: chunk_1(p, K, npairs, w, acc); break;
-        case 2: chunk_2(p, K, npairs, w, acc); break;
-        case 3: chunk_3(p, K, npairs, w, acc); break;
-        default: chunk(p, K, npairs, w, acc);
-    }
-#else
-    (void)p; (void)K; (void)npairs; (void)w; (void)acc; (void)rows;
-#endif
-}
 
 /* Output rows [m0, m1) (multiples of 4, rows past the real ones with codes and scales 0) and columns
    [nb0 * 24, nb1 * 24), from quantized activations p / sx, into y (rows ldy apart). Loops 64-row blocks outside

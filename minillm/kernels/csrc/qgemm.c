@@ -339,35 +339,112 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
 /* Many rows (3 and more: batched decode, a verification's k + 1 tokens, prefill chunks up to TILES_MAX_ROWS in
    cpu_qgemm.py): the same arithmetic -- the activations' int16 codes per block of 32, the weights' own int4 / int8
    codes, exact integer sums per block, the scales applied per block in float -- with each weight block widened once
-   for every row, through int16_gemm.c's 4-row x 24-column register tile (minillm_int16_tile_sums). The weights stay
-   in their own bytes, reordered into tiles (cpu_qgemm.pack_tiles): per 24-column block and block of 32 inputs (16
-   input pairs), entry [j][v][i] is column 8v + i/2, input i%2 of pair j; int4 keeps pair j in the low nibble and pair
-   j + 8 in the high one (8 x 3 x 16 bytes), int8 one pair per entry (16 x 3 x 16 bytes). A step of a few rows is
-   bound by the weight bytes it streams (0.56 per int4 weight here, where a 13-bit copy streams 2), and the outputs
-   differ from the row kernel's only by the order of float additions. */
-#define TM 4
+   for every row of a pass. The weights stay in their own bytes, reordered into tiles (cpu_qgemm.pack_tiles): per
+   24-column block and block of 32 inputs (16 input pairs), entry [j][v][i] is column 8v + i/2, input i%2 of pair j;
+   int4 keeps pair j in the low nibble and pair j + 8 in the high one (8 x 3 x 16 bytes), int8 one pair per entry
+   (16 x 3 x 16 bytes). A step of a few rows is bound by the weight bytes it streams (0.56 per int4 weight here,
+   where a 13-bit copy streams 2), and the outputs differ from the row kernel's only by the order of float
+   additions.
+
+   A pass is up to TR rows x 24 columns of int32 sums in registers (3 vectors a row). Each 16 bytes of codes are
+   widened in a register and multiplied into every row of the pass right away: widening a block into a buffer first
+   and summing 4 rows at a time from it (int16_gemm.c's tile) spent more time widening, storing and reloading than
+   multiplying at 5 rows, and a 5th row cost a second pass over the block. With AVX-512's 32 vector registers a pass
+   holds 8 rows (24 sums, 3 weight vectors, a broadcast, the nibble mask); AVX2's 16 hold 4. */
 #define TN 24
 #define Q4_TILE_BYTES (8 * 3 * 16)
 #define Q8_TILE_BYTES (16 * 3 * 16)
-void minillm_int16_tile_sums(const int16_t *p, int64_t K, int64_t npairs, const int16_t *w, int32_t acc[4][24],
-                             int rows);
 
 #if QG_AVX2
-/* One block of 32 inputs of a 24-column block's tiles as int16 [16 pairs][24][2], the layout the tile sums read. */
-static void widen_tiles(int q4, const uint8_t *wb, int16_t *w) {
+#if defined(__AVX512VL__)
+#define TR 8
+#else
+#define TR 4
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPW(a, b, w) a = _mm256_dpwssd_epi32(a, b, w)       /* the multiply-add and the sum in one instruction */
+#elif defined(__AVXVNNI__)
+#define DPW(a, b, w) a = _mm256_dpwssd_avx_epi32(a, b, w)
+#else
+#define DPW(a, b, w) a = _mm256_add_epi32(a, _mm256_madd_epi16(b, w))
+#endif
+
+/* Rows [0, R) of a pass (aq, ad, as and y at its first row) against one 24-column block's tiles wt (nb blocks of 32
+   inputs), its scales d and int4's minimums mn (TN per group): y[r][0..24) = sum over blocks of (the block's integer
+   sums) * weight scale * activation scale (+ int4's minimum * the block's scaled code sum). R and q4 are constants
+   in each instance (tiles_pass_*): the loops over rows unroll and the sums stay in registers. */
+static inline __attribute__((always_inline)) void tiles_pass(const int q4, const int R, const uint8_t *wt,
+        const uint16_t *d, const uint16_t *mn, int64_t nb, int64_t per_group, const int16_t *aq, int64_t K,
+        const float *ad, const float *as, float *y, int64_t ldy) {
+    const int64_t bytes = q4 ? Q4_TILE_BYTES : Q8_TILE_BYTES, half = K / 2;
     const __m256i low = _mm256_set1_epi16(0x0F);
-    for (int j = 0; j < (q4 ? 8 : 16); j++)
-        for (int v = 0; v < 3; v++) {
-            const __m128i b = _mm_loadu_si128((const __m128i *)(wb + (3 * j + v) * 16));
-            if (q4) {
-                const __m256i t = _mm256_cvtepu8_epi16(b);
-                _mm256_store_si256((__m256i *)(w + j * 2 * TN + 16 * v), _mm256_and_si256(t, low));
-                _mm256_store_si256((__m256i *)(w + (j + 8) * 2 * TN + 16 * v), _mm256_srli_epi16(t, 4));
-            } else {
-                _mm256_store_si256((__m256i *)(w + j * 2 * TN + 16 * v), _mm256_cvtepi8_epi16(b));
+    for (int64_t b = 0, g = 0, in_g = 0; b < nb; b++) {
+        const uint8_t *wb = wt + b * bytes;
+        const int32_t *x = (const int32_t *)(aq + QB * b);      /* row r's input pair j: x[r * half + j] */
+        __m256i acc[TR][3];
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm256_setzero_si256();
+        for (int j = 0; j < (q4 ? 8 : 16); j++) {
+            __m256i w[3];
+            for (int v = 0; v < 3; v++) {
+                const __m256i t = q4 ? _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(wb + (3 * j + v) * 16)))
+                                     : _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + (3 * j + v) * 16)));
+                w[v] = q4 ? _mm256_and_si256(t, low) : t;
+            }
+            for (int r = 0; r < R; r++) {
+                const __m256i bx = _mm256_set1_epi32(x[r * half + j]);
+                DPW(acc[r][0], bx, w[0]); DPW(acc[r][1], bx, w[1]); DPW(acc[r][2], bx, w[2]);
+            }
+            if (q4) {                                           /* the high nibbles: pair j + 8 */
+                for (int v = 0; v < 3; v++)
+                    w[v] = _mm256_srli_epi16(_mm256_cvtepu8_epi16(
+                        _mm_loadu_si128((const __m128i *)(wb + (3 * j + v) * 16))), 4);
+                for (int r = 0; r < R; r++) {
+                    const __m256i bx = _mm256_set1_epi32(x[r * half + j + 8]);
+                    DPW(acc[r][0], bx, w[0]); DPW(acc[r][1], bx, w[1]); DPW(acc[r][2], bx, w[2]);
+                }
             }
         }
+        const int64_t at = g * TN;                              /* this block's group, in the column block */
+        __m256 dv[3], mv[3];
+        for (int v = 0; v < 3; v++) {
+            dv[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + at + 8 * v)));
+            mv[v] = q4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + at + 8 * v))) : _mm256_setzero_ps();
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256 f = _mm256_set1_ps(ad[r * nb + b]), s = _mm256_set1_ps(as[r * nb + b]);
+            float *o = y + r * ldy;
+            for (int v = 0; v < 3; v++) {
+                const __m256 prev = b ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
+                _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][v]), _mm256_mul_ps(dv[v], f),
+                                                             _mm256_fmadd_ps(mv[v], s, prev)));
+            }
+        }
+        if (++in_g == per_group) { in_g = 0; g++; }             /* no division per block */
+    }
 }
+
+typedef void (*tiles_pass_fn)(const uint8_t *, const uint16_t *, const uint16_t *, int64_t, int64_t,
+                              const int16_t *, int64_t, const float *, const float *, float *, int64_t);
+#define TILES_PASS(Q, R) \
+__attribute__((noinline)) static void tiles_pass_##Q##_##R(const uint8_t *wt, const uint16_t *d, const uint16_t *mn, \
+        int64_t nb, int64_t pg, const int16_t *aq, int64_t K, const float *ad, const float *as, float *y, \
+        int64_t ldy) { tiles_pass(Q, R, wt, d, mn, nb, pg, aq, K, ad, as, y, ldy); }
+TILES_PASS(0, 1) TILES_PASS(0, 2) TILES_PASS(0, 3) TILES_PASS(0, 4)
+TILES_PASS(1, 1) TILES_PASS(1, 2) TILES_PASS(1, 3) TILES_PASS(1, 4)
+#if TR == 8
+TILES_PASS(0, 5) TILES_PASS(0, 6) TILES_PASS(0, 7) TILES_PASS(0, 8)
+TILES_PASS(1, 5) TILES_PASS(1, 6) TILES_PASS(1, 7) TILES_PASS(1, 8)
+static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
+    {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4, tiles_pass_0_5, tiles_pass_0_6,
+     tiles_pass_0_7, tiles_pass_0_8},
+    {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3, tiles_pass_1_4, tiles_pass_1_5, tiles_pass_1_6,
+     tiles_pass_1_7, tiles_pass_1_8}};
+#else
+static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
+    {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4},
+    {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3, tiles_pass_1_4}};
+#endif
+#undef TILES_PASS
 #endif
 
 int minillm_qgemm_tiles_available(void) { return QG_AVX2; }
@@ -380,32 +457,12 @@ void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, co
                                 int64_t nb0, int64_t nb1, float *y, int64_t ldy) {
 #if QG_AVX2
     const int64_t nb = K / QB, ng = K / G, per_group = G / QB, bytes = kind == 1 ? Q4_TILE_BYTES : Q8_TILE_BYTES;
-    int16_t w[16 * 2 * TN] __attribute__((aligned(32)));
-    int32_t acc[TM][TN] __attribute__((aligned(32)));
     for (int64_t cb = nb0; cb < nb1; cb++)
-        for (int64_t b = 0; b < nb; b++) {
-            widen_tiles(kind == 1, wt + (cb * nb + b) * bytes, w);
-            const int64_t at = (cb * ng + b / per_group) * TN;       /* this block's group, in the column block */
-            __m256 dv[3], mv[3];
-            for (int v = 0; v < 3; v++) {
-                dv[v] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + at + 8 * v)));
-                mv[v] = kind == 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + at + 8 * v)))
-                                  : _mm256_setzero_ps();
-            }
-            for (int64_t m = m0; m < m1; m += TM) {
-                const int R = m1 - m < TM ? (int)(m1 - m) : TM;
-                minillm_int16_tile_sums(aq + m * K + QB * b, K, QB / 2, w, acc, R);
-                for (int r = 0; r < R; r++) {
-                    const __m256 f = _mm256_set1_ps(ad[(m + r) * nb + b]), s = _mm256_set1_ps(as[(m + r) * nb + b]);
-                    float *o = y + (m + r) * ldy + cb * TN;
-                    for (int v = 0; v < 3; v++) {
-                        const __m256 prev = b ? _mm256_loadu_ps(o + 8 * v) : _mm256_setzero_ps();
-                        const __m256 a = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(acc[r] + 8 * v)));
-                        _mm256_storeu_ps(o + 8 * v, _mm256_fmadd_ps(a, _mm256_mul_ps(dv[v], f),
-                                                                     _mm256_fmadd_ps(mv[v], s, prev)));
-                    }
-                }
-            }
+        for (int64_t m = m0; m < m1; m += TR) {
+            const int R = m1 - m < TR ? (int)(m1 - m) : TR;
+            TILES_PASS_FNS[kind == 1][R](wt + cb * nb * bytes, d + cb * ng * TN, kind == 1 ? mn + cb * ng * TN : NULL,
+                                        nb, per_group, aq + m * K, K, ad + m * nb, as + m * nb, y + m * ldy + cb * TN,
+                                        ldy);
         }
 #else
     (void)kind; (void)aq; (void)ad; (void)as; (void)m0; (void)m1; (void)K; (void)G; (void)wt; (void)d; (void)mn;
