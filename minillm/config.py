@@ -166,7 +166,7 @@ class KernelConfig:
     decode_step: str = _kernel_default("decode_step")
     # c: the integer kernel | scalar: the same built without SIMD | torch: dequantize + float matmul (reference)
     qgemm: str = _kernel_default("qgemm")
-    # weight-only layers' product from kernels.cpu_qgemm.BATCHED_MIN_ROWS rows on (kernels/cpu_qgemm.py's table)
+    # weight-only layers' product past kernels.cpu_qgemm.TILES_MAX_ROWS rows (kernels/cpu_qgemm.py's table)
     qgemm_batched: str = _kernel_default("qgemm_batched")
     # W8A8 layers: fbgemm | float | int_mm; auto: fbgemm where it works, else float
     w8a8_kernel: str = _kernel_default("w8a8_kernel")

@@ -74,7 +74,7 @@ def _replay_default_init(cfg) -> None:
 
 def dequantized_twin(model):
     """A copy of `model` whose quantized layers hold their dequantized float weights: the oracle a quantized model is
-    compared with (make it before the model runs: a run model's batched-step copies are not deep-copied)."""
+    compared with (make it before the model runs: a run model's kernel copies are not deep-copied)."""
     import copy
     twin = copy.deepcopy(model)
     for _, m in twin.quantizable():

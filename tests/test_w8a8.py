@@ -140,18 +140,26 @@ def test_batched_paths_stay_within_their_stated_error(path, spec):
         assert _rel_err(_per_tensor(x, quantize(qw.dequantize(), W8A8)), cpu_qgemm.reference(x, qw)) > 0.1
 
 
-def test_batched_copies_are_built_lazily_and_reported():
+def test_kernel_copies_are_built_lazily_and_reported():
+    """Nothing before the first product; the tiles (the weights' own bytes, reordered) from the first one; the
+    batched path's copy (2 bytes a weight) only once a step has more than TILES_MAX_ROWS rows."""
     from minillm.quant.policy import cache_bytes, describe
     from minillm.testing import random_model
     from tests.tiny_models import minillm_logits
     model = random_model(3, vocab=128).quantize_(QuantSpec("int4", 32), QuantSpec("int8"))
-    minillm_logits(model, [3, 4, 5][:cpu_qgemm.BATCHED_MIN_ROWS - 1])     # the C kernel's rows: no copies
-    assert cache_bytes(model) == 0 and "batched-step" not in describe(model)
-    minillm_logits(model, list(range(cpu_qgemm.BATCHED_MIN_ROWS + 2)))
-    if cpu_qgemm.load("c") is not None:
-        assert cache_bytes(model) > 0 and "batched-step copies" in describe(model)
-        assert cache_bytes(model) <= 4 * sum(m.in_features * m.out_features for n, m in model.quantizable()
-                                             if "layers." in n) + 4 * 128 * model.cfg.hidden_size
+    assert cache_bytes(model) == 0 and "kernel copies" not in describe(model)
+    lib = cpu_qgemm.load("c")
+    if lib is None:
+        return
+    own = sum(m.quant.nbytes for _, m in model.quantizable())
+    minillm_logits(model, [3])
+    tiles = cache_bytes(model)
+    if lib.minillm_qgemm_tiles_available():
+        assert 0 < tiles <= 1.5 * own and "kernel copies" in describe(model)     # padded to 24 columns
+    minillm_logits(model, list(range(cpu_qgemm.TILES_MAX_ROWS + 2)))
+    assert cache_bytes(model) > tiles and "kernel copies" in describe(model)
+    assert cache_bytes(model) <= tiles + 4 * sum(m.in_features * m.out_features for n, m in model.quantizable()
+                                                 if "layers." in n) + 4 * 128 * model.cfg.hidden_size
 
 
 # ------------------------------------------------------------------------------------------- models

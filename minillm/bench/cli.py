@@ -227,8 +227,8 @@ def matmul_paths(quantization: str, model=None) -> str:
     path = cpu_qgemm.batched_path()
     copy = ("a W8A8 copy with SmoothQuant factors" if path == "w8a8" and smoothed
             else "the int16 GEMM on a packed copy" if path == "int16" else f"a {path} copy")
-    return (f"C integer kernel below {cpu_qgemm.BATCHED_MIN_ROWS} rows and its tiles up to "
-            f"{cpu_qgemm.TILES_MAX_ROWS} (decode steps: one fused C call at any batch), {copy} from "
+    return (f"C integer kernel's tiles up to {cpu_qgemm.TILES_MAX_ROWS} rows (decode steps: one fused C call at "
+            f"any batch), {copy} from "
             f"{cpu_qgemm.TILES_MAX_ROWS + 1} rows (layers a float checkpoint left float: float GEMM)")
 
 

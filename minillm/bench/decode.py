@@ -19,7 +19,7 @@ import torch
 from minillm.bench.registry import check_llama_bench
 from minillm.config import EngineConfig
 from minillm.engine.llm_engine import LLMEngine
-from minillm.kernels import cpu_decode
+from minillm.kernels import cpu_decode, cpu_qgemm
 from minillm.quant.policy import describe
 from minillm.sampling.params import SamplingParams
 
@@ -250,10 +250,14 @@ def format_decode_benches(runs: list[DecodeBench], llama_cpp: dict | None = None
              f" {'step':>8s}"
              + "".join(f" {'prefill ' + str(n):>13s}" for n in b0.prefill_tok_s)]
     for b in runs:
-        lines.append(f"{b.quantization[:34]:34s} {b.weight_bytes_per_token / 1e6:9.1f} {b.bound_ms_per_token:9.2f} "
+        formats = b.quantization.split(" + ")[0]           # the kernel copies' memory gets a line of its own
+        lines.append(f"{formats[:34]:34s} {b.weight_bytes_per_token / 1e6:9.1f} {b.bound_ms_per_token:9.2f} "
                      f"{b.decode_ms_per_token:9.2f} {1000 / b.decode_ms_per_token:7.1f} {b.ratio:8.2f}"
                      f" {b.decode_step:>8s}"
                      + "".join(f" {v:9.1f} tok/s" for v in b.prefill_tok_s.values()))
+    lines += [f"{b.quantization.split(':')[0]}: memory beyond the weights: {b.quantization.split(' + ')[1]} (tiles for "
+              f"steps of up to {cpu_qgemm.TILES_MAX_ROWS} rows, a copy for longer prefill steps)"
+              for b in runs if " + " in b.quantization]
     if llama_cpp is not None:
         lines.append(f"{'llama.cpp (' + llama_cpp['name'] + ')':34s} {'':9s} {'':9s} "
                      f"{1000 / llama_cpp['tg_tok_s']:9.2f} {llama_cpp['tg_tok_s']:7.1f}")

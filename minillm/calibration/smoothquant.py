@@ -2,8 +2,8 @@
 
 A quantized model decodes small batches through the weight-only kernel (exact weights, int16 activations). Batched
 steps (prefill, many decodes) are bound by arithmetic, not by weight bytes, and on a CPU without fast bf16 the only
-GEMM faster than float32 is int8 x int8 (FBGEMM, kernels/cpu_w8a8.py): so from cpu_qgemm.BATCHED_MIN_ROWS rows on,
-a layer runs a W8A8 copy of its weight. Quantizing activations per token costs SmolLM2 a lot (+13 % perplexity with
+GEMM faster than float32 is int8 x int8 (FBGEMM, kernels/cpu_w8a8.py): so past cpu_qgemm.TILES_MAX_ROWS rows (with
+MINILLM_QGEMM_BATCHED=w8a8) a layer runs a W8A8 copy of its weight. Quantizing activations per token costs SmolLM2 a lot (+13 % perplexity with
 the layers W8A8, measured): a few input channels carry values 10-100x the rest, and one token's step is set by its
 largest channel. SmoothQuant (Xiao et al., 2023) divides each input channel j by s_j and multiplies W's column j by
 the same s_j (formats.py), with

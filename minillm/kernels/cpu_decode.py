@@ -4,12 +4,12 @@ The model runner (worker/model_runner.py) chooses it from the batch; the model h
 DecodeWeights (LlamaModel.decode_step_weights). `run(...)` returns the final hidden states, or None when the fused
 step does not apply and the layers must run — it applies only where it computes exactly what they would:
 
-- every row is a decode token (query length 1). Below cpu_qgemm.BATCHED_MIN_ROWS rows the matmuls run the integer
-  kernel on the packed weights (csrc/qgemm.c), as the layers' qlinear does; from there on the same kernel's tiles
-  (cpu_qgemm.tiles_copy), as the layers' qlinear does up to cpu_qgemm.TILES_MAX_ROWS rows. Past that the layers
+- every row is a decode token (query length 1). The matmuls run the C kernel's tiles (csrc/qgemm.c on
+  cpu_qgemm.tiles_copy), as the layers' qlinear does up to cpu_qgemm.TILES_MAX_ROWS rows. Past that the layers
   switch to their batched path and the fused step keeps the tiles: a decode or verification step gets one
   arithmetic at every batch size (plain and speculative decoding agree), at the price of differing from the layers'
-  there by the batched path's rounding;
+  there by the batched path's rounding. Built without AVX2 (no tiles), steps below cpu_qgemm.BATCHED_MIN_ROWS rows
+  run the row kernel on the packed weights, as qlinear then does, and larger ones the layers;
 - the whole model on one rank, float32, on the CPU; every decoder module of minillm's own classes with no forward
   hooks (a lab that swaps a module or hooks one gets the layers that run its code), and every linear quantized
   weight-only (W8A8 layers quantize activations per token: cpu_w8a8.py);
@@ -43,8 +43,7 @@ from minillm.quant.formats import QuantizedWeight
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = (CSRC / "decode_step.c", CSRC / "qgemm.c", CSRC / "paged_decode.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-FUSED_STEPS = 0          # decode steps run fused, for the benchmarks to say which path they timed ...
-FUSED_TILES_STEPS = 0    # ... and those of them whose matmuls ran on qgemm.c's tiles (batched rows)
+FUSED_STEPS = 0          # decode steps run fused, for the benchmarks to say which path they timed
 
 
 class _QLinear(ctypes.Structure):
@@ -52,8 +51,7 @@ class _QLinear(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _QLinear), ("o", _QLinear), ("gate_up", _QLinear),
-                ("down", _QLinear)]
+    _fields_ = [("input_norm", _P), ("post_norm", _P)]
 
 
 class _Tiles(ctypes.Structure):
@@ -137,7 +135,7 @@ class _Plan:
     layers: ctypes.Array
     dims: _Dims
     embed: _QLinear | None
-    tiles: ctypes.Array | None = None      # the layers' tiles' C view, made on the first batched step ...
+    tiles: ctypes.Array | None = None      # the layers' tiles' C view, made on the first step ...
     packs: list | None = None              # ... and the cpu_qgemm.PackedTiles behind it (kept alive with the plan)
 
 
@@ -147,11 +145,11 @@ _plans: "weakref.WeakKeyDictionary[DecodeWeights, _Plan | None]" = weakref.WeakK
 def _build(w: DecodeWeights) -> _Plan | None:
     layers = (_Layer * len(w.layers))()
     for i, lw in enumerate(w.layers):
-        ql = [_qlinear(x) for x in (lw.qkv, lw.o, lw.gate_up, lw.down)]
         norms = (lw.input_norm, lw.post_norm)
-        if any(q is None for q in ql) or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms):
-            return None
-        layers[i] = _Layer(lw.input_norm.data_ptr(), lw.post_norm.data_ptr(), *ql)
+        if any(_qlinear(x) is None for x in (lw.qkv, lw.o, lw.gate_up, lw.down)) \
+                or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms):
+            return None     # the tiles are made from these weights: the formats the kernel reads, contiguous
+        layers[i] = _Layer(lw.input_norm.data_ptr(), lw.post_norm.data_ptr())
     if w.final_norm.dtype != torch.float32:
         return None
     dims = _Dims(w.hidden, w.intermediate, w.num_heads, w.num_kv_heads, w.head_dim, w.eps, w.scale)
@@ -180,17 +178,15 @@ def _tiles(w: DecodeWeights, plan: _Plan) -> ctypes.Array:
     return plan.tiles
 
 
-def matmul_kernel(w: DecodeWeights, num_rows: int) -> str | None:
-    """The matmul kernel a fused step of `num_rows` decode rows runs: "qgemm" (the row kernel) or "tiles", or None:
-    the layers run (the step is off, another matmul path is chosen, or no compiler)."""
+def applies(w: DecodeWeights) -> bool:
+    """Whether the fused step runs for these weights at all (it is on, qgemm is "c", the kernels are built with
+    their tiles, the attention kernel takes the head shape); False: the layers run."""
     if not enabled() or cpu_qgemm.mode() != "c" or load() is None:
-        return None
+        return False
+    if not cpu_qgemm.load().minillm_qgemm_tiles_available():
+        return False        # built without AVX2: the layers' qlinear runs the row kernel, which the step no longer has
     attn = cpu_native.load()
-    if attn is None or not _supports(attn, w.num_heads // w.num_kv_heads, w.head_dim):
-        return None
-    if num_rows < cpu_qgemm.BATCHED_MIN_ROWS:
-        return "qgemm"
-    return "tiles" if cpu_qgemm.load().minillm_qgemm_tiles_available() else None
+    return attn is not None and _supports(attn, w.num_heads // w.num_kv_heads, w.head_dim)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,12 +210,11 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     verification step's k + 1 tokens are, each attending over the ones before it). `embed_tokens` embeds the ids
     where the step cannot look them up itself (w.embed None or not in a format it reads). k_cache / v_cache: the
     float32 contiguous pool."""
-    kernel = matmul_kernel(w, input_ids.numel())
-    plan = _plan(w) if kernel is not None else None
+    plan = _plan(w) if applies(w) else None
     if plan is None:
         return None
     lib = load()
-    tiles = _tiles(w, plan) if kernel == "tiles" else None
+    tiles = _tiles(w, plan)
     num_slots = k_cache.shape[2]
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     tables = block_tables.to(torch.int64).contiguous()
@@ -231,7 +226,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     team, started = cpu_threads.step_team(ids.numel()), time.perf_counter()
     rc = lib.minillm_decode_step(x.data_ptr(), x.shape[0], ids.data_ptr(),
                                  ctypes.byref(plan.embed) if plan.embed is not None else None,
-                                 ctypes.addressof(plan.layers), None if tiles is None else ctypes.addressof(tiles),
+                                 ctypes.addressof(plan.layers), ctypes.addressof(tiles),
                                  len(plan.layers), ctypes.byref(plan.dims),
                                  w.final_norm.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  k_cache.data_ptr(), v_cache.data_ptr(), num_slots, slots.data_ptr(),
@@ -247,7 +242,6 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
         raise err(text.format(slots=num_slots, width=tables.shape[1] * block_size, lens=seq_lens,
                               blocks=num_slots // block_size, vocab=vocab_size - 1)
                   + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
-    global FUSED_STEPS, FUSED_TILES_STEPS
+    global FUSED_STEPS
     FUSED_STEPS += 1
-    FUSED_TILES_STEPS += tiles is not None
     return x

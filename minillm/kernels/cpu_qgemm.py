@@ -2,10 +2,10 @@
 
 `qlinear(x, qw)` is the one entry point the layers use.
 - W8A8 weights (`qw.act == "int8"`): always cpu_w8a8.w8a8_linear (per-token int8 activations at every batch size).
-- Weight-only int8/int4 on CPU with the kernel built: up to BATCHED_MIN_ROWS - 1 activation rows (decode) the
-  integer kernel on the packed weights; up to TILES_MAX_ROWS rows (batched decode, verification, short prefill
-  chunks) the same kernel's tiles (the weights' own codes reordered, each block widened once for all rows); from
-  there on (prefill) the BATCHED_PATH (see the table at the constant): by default the int16 GEMM (cpu_int16.py:
+- Weight-only int8/int4 on CPU with the kernel built: up to TILES_MAX_ROWS rows (decode at any batch,
+  verification, short prefill chunks) the kernel's tiles (the weights' own codes reordered into a copy made on the
+  first call, each block widened once for all rows of a pass); built without AVX2, the row kernel on the packed
+  weights below BATCHED_MIN_ROWS rows (its plain C loop). From there on (prefill) the BATCHED_PATH (see the table at the constant): by default the int16 GEMM (cpu_int16.py:
   13-bit codes per 64 inputs) on a copy of the weight packed on the first such call; an FBGEMM float16 copy where
   that kernel cannot be built.
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
@@ -142,11 +142,15 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
 # Still 3 with qgemm.c's row_many (2 rows sharing each widened weight block) and the tiles from 3 rows (2026-11-29,
 # Zen 4, same measure): 2 rows 5.4 ms on row_many (6.8 on the row kernel before it); 3 rows 6.3 on the tiles, where
 # row_many took 7.6-8.4 and the int16 GEMM 7.7-8.5.
+# Since 2026-11-29 only where the tiles are not built (no AVX2): once a pass of the tiles kept its sums in registers
+# (qgemm.c tiles_pass), they beat the row kernel at every count. Every matmul of SmolLM2, 2 threads, Zen 4, medians
+# of 9 interleaved: 1 row 4.07 vs 4.51 ms, 2 rows 4.43 vs 5.10 (built for AVX2 without VNNI: 4.05 vs 4.34, 4.48 vs
+# 5.04); a whole greedy decode step at batch 1, 4.3-4.9 -> 3.2-3.5 ms.
 BATCHED_MIN_ROWS = 3
-# From BATCHED_MIN_ROWS up to this many rows the C kernel's tiles run (qgemm.c: the weights' own int4 / int8 codes in
-# tiles, widened a block at a time for every row; the row kernel's arithmetic, so batched rows differ from rows alone
-# only by the order of float additions); past it, the BATCHED_PATH. The fused decode step runs the tiles at every
-# batch (cpu_decode.matmul_kernel), so plain and speculative decoding use one arithmetic at any batch size. Measured
+# Up to this many rows the C kernel's tiles run (qgemm.c: the weights' own int4 / int8 codes in tiles, widened in
+# registers for every row of a pass; the row kernel's arithmetic, so batched rows differ from rows alone only by the
+# order of float additions); past it, the BATCHED_PATH. The fused decode step runs the tiles at every batch
+# (cpu_decode.applies), so plain and speculative decoding use one arithmetic at any batch size. Measured
 # 2026-11-29 (SmolLM2's 576x1536 / 1536x576 int4 layers, 2 threads, Zen 4; -march=native and an AVX2-only build
 # alike), ms tiles vs the int16 copy: 3 rows 2.2 vs 3.1, 5 rows 3.0 vs 4.9, 8 rows 4.1 vs 4.8, 16 rows 6.7 vs 7.0,
 # 24 rows 9.6 vs 9.6, 32 rows 12.6 vs 11.9, 64 rows 25 vs 23, 256 rows 102 vs 85: a step of few rows streams the
@@ -208,12 +212,13 @@ def qlinear(x: torch.Tensor, qw: QuantizedWeight, smooth: torch.Tensor | None = 
     if x.shape[-1] != k:
         raise ValueError(f"input has {x.shape[-1]} features, the quantized weight expects {k}")
     rows = x.numel() // k
-    if rows < BATCHED_MIN_ROWS:
+    if lib.minillm_qgemm_tiles_available():
+        if rows <= TILES_MAX_ROWS or sampled:
+            y = linear_tiles(x, tiles_copy(qw), lib)
+            if y is not None:
+                return y
+    elif rows < BATCHED_MIN_ROWS:
         return kernel(x, qw, lib)
-    if (rows <= TILES_MAX_ROWS or sampled) and lib.minillm_qgemm_tiles_available():
-        y = linear_tiles(x, tiles_copy(qw), lib)
-        if y is not None:
-            return y
     return batched(x, qw, smooth=smooth)
 
 
@@ -293,8 +298,8 @@ def pack_tiles(qw: QuantizedWeight) -> PackedTiles:
 
 
 def tiles_copy(qw: QuantizedWeight) -> PackedTiles:
-    """qw in tiles, made on the first product of BATCHED_MIN_ROWS..TILES_MAX_ROWS rows and kept in qw.cache (the
-    fused decode step's batched steps share it)."""
+    """qw in tiles, made on the first product of up to TILES_MAX_ROWS rows and kept in qw.cache (the fused decode
+    step shares it)."""
     return cached(qw, "tiles", lambda: pack_tiles(qw))
 
 

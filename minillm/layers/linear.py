@@ -155,7 +155,7 @@ class Quantizable:
     def _apply(self, fn, recurse: bool = True):
         """module.to(device) / .cuda() / .half() move the registered buffers; `quant` must then hold the moved
         tensors, not the old ones. Scales and minimums are float16 by the format's definition (the kernels read
-        their bits as such), so a dtype cast of the module leaves them float16; the batched-step copies are
+        their bits as such), so a dtype cast of the module leaves them float16; the kernel copies are
         dropped (they belong to the old device)."""
         out = super()._apply(fn, recurse)
         qw = self.quant

@@ -95,7 +95,8 @@ class QuantizedWeight:
 
     @property
     def cache_nbytes(self) -> int:
-        """Extra bytes held by the batched-step copies built so far (0 until a large batch has run)."""
+        """Extra bytes held by the kernels' copies built so far (0 until the first product: then the tiles, the
+        weight's own bytes reordered; the batched path's copy once a step has more than TILES_MAX_ROWS rows)."""
         return sum(nbytes + (obj.cache_nbytes if isinstance(obj, QuantizedWeight) else 0)
                    for obj, nbytes in self.cache.values())
 

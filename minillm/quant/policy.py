@@ -8,8 +8,9 @@
     int4  every linear layer int4 in groups of `group_size`; embedding / LM head int8 per output channel
     w8a8  every linear layer and the LM head int8 per output channel with int8 activations quantized per token at
           run time (formats.py; FBGEMM on CPU); the embedding lookup reads the same int8 table
-Weight-only layers (auto, int8, int4) run batched steps (>= cpu_qgemm.BATCHED_MIN_ROWS rows) through a copy made
-on the first such step (cpu_qgemm.BATCHED_PATH: the int16 GEMM by default); describe() reports the memory it holds.
+Weight-only layers (auto, int8, int4) run on a copy of their codes reordered into tiles (cpu_qgemm.tiles_copy, the
+same bytes), made on the first product, and steps of more than cpu_qgemm.TILES_MAX_ROWS rows through a copy made on
+the first such step (cpu_qgemm.BATCHED_PATH: the int16 GEMM by default); describe() reports the memory they hold.
 w8a8 and the W8A8 batched copies (MINILLM_QGEMM_BATCHED=w8a8) are SmoothQuant-calibrated when load_model reads a
 whole model (calibration/smoothquant.py).
 """
@@ -56,7 +57,7 @@ def wants_calibration(model) -> bool:
 
 def describe(model) -> str:
     """One line: which formats the model's weights are in, e.g. 'int4 g32 x210, int8 g32 x1', and the extra memory
-    held by the copies built for batched steps, if any ('+ 140.2 MB batched-step copies')."""
+    held by the copies the kernels built, if any ('+ 140.2 MB kernel copies')."""
     from collections import Counter
     kinds = Counter()
     for _, m in model.quantizable():
@@ -64,10 +65,10 @@ def describe(model) -> str:
         kinds["float" if q is None else f"{q.kind}{'+a8' if q.act else ''} g{q.group_size}"] += 1
     extra = cache_bytes(model)
     return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) + (
-        f" + {extra / 1e6:.1f} MB batched-step copies" if extra else "")
+        f" + {extra / 1e6:.1f} MB kernel copies" if extra else "")
 
 
 def cache_bytes(model) -> int:
-    """Bytes held beyond the weights themselves by the quantized layers' batched-step copies (0 until a batch of
-    cpu_qgemm.BATCHED_MIN_ROWS rows has run; never made by a model that only decodes small batches)."""
+    """Bytes held beyond the weights themselves by the quantized layers' kernel copies (0 until the model has run:
+    the tiles, then the batched path's copy once a step has more than cpu_qgemm.TILES_MAX_ROWS rows)."""
     return sum(m.quant.cache_nbytes for _, m in model.quantizable() if m.quant is not None)

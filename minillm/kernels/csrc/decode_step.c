@@ -8,26 +8,25 @@
      a = paged attention(q, pool);  x += a W_o^T;  h = rms_norm(x) * w_post;  [g, u] = h W_gu^T;
      x += (silu(g) * u) W_down^T
 
-   and then the final norm. The matmuls are the same qgemm.c row loops and the attention the same paged_decode.c
-   task the layers call, so they give the same numbers; the norms, RoPE and SiLU are plain loops that differ from
-   torch's only in float rounding (tests/test_decode_step.py states by how much).
+   and then the final norm. The matmuls are the same qgemm.c tiles and the attention the same paged_decode.c task
+   the layers call, so they give the same numbers; the norms, RoPE and SiLU are plain loops that differ from torch's
+   only in float rounding (tests/test_decode_step.py states by how much).
 
    Threads: one OpenMP team for the whole step, not one per matmul. A step is ~150 small parallel pieces (four
    matmuls and the attention per layer, 30-100 us each at batch 1); entering an OpenMP region for each let the
    workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
-   wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (six per
-   layer; nine with the tiles). Every thread keeps its own copy of the residual stream and quantizes each
-   matmul's input itself (a few microseconds, cheaper than another barrier): the copies are bitwise equal, being
-   the same code on the same inputs. Each matmul splits its weight rows evenly over the team; attention splits its (sequence, kv head) tasks,
-   and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE from attention.
+   wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (nine per
+   layer). Every thread keeps its own copy of the residual stream (bitwise equal: the same code on the same
+   inputs). The team splits the rows for the norms, SiLU and quantization (each row normed and quantized in one
+   pass, into codes every thread reads after a barrier) and each matmul's 24-column blocks; attention splits its
+   (sequence, kv head) tasks, and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE
+   from attention.
 
-   Batched decode steps (cpu_qgemm.BATCHED_MIN_ROWS rows and more) run the matmuls on qgemm.c's tiles instead (the
-   same arithmetic, each weight block widened once for all rows), at any number of rows, so a verification's k + 1
-   rows and a batch's rows get the arithmetic a plain step of them would. There the row kernel's trick inverts: quantizing all rows in every
-   thread would repeat 48 rows x 1536 inputs per matmul, so the team splits the rows for the norms, SiLU and
-   quantization (each row normed and quantized in one pass, into codes every thread reads after a barrier) and
-   splits each matmul's 24-column blocks. Same kernels, one Python call: at 48 rows on SmolLM2 the step went from
-   ~195 ms through the layers to ~125 ms (the difference was the ~12 torch ops per layer between the matmuls).
+   The matmuls run on qgemm.c's tiles at any number of rows, so a verification's k + 1 rows and a batch's rows get
+   the arithmetic a plain step of them would. At 48 rows on SmolLM2 the step went from ~195 ms through the layers
+   to ~125 ms (the difference was the ~12 torch ops per layer between the matmuls). Until 2026-11-29 steps of 1-2
+   rows ran qgemm.c's row kernel instead, each thread quantizing every input itself; the tiles, with their sums in
+   registers, made a batch-1 step ~25 % faster (4.3-4.9 -> 3.2-3.5 ms).
 
    The Python side (kernels/cpu_decode.py) decides when this applies (decode-only steps, every linear quantized,
    float32, one rank, the C attention kernel) and falls back to the layers otherwise. */
@@ -47,9 +46,6 @@
 
 void minillm_qgemm_quantize(const float *x, int64_t M, int64_t K, int64_t x_stride, int64_t G, int16_t *aq,
                             float *ad, float *as, float *gs);
-void minillm_qgemm_rows(int kind, int64_t M, int64_t K, const void *w, const uint16_t *scales, const uint16_t *mins,
-                        int64_t G, const int16_t *aq, const float *ad, const float *gs, int64_t n0, int64_t n1,
-                        float *y, int64_t y_stride);
 void minillm_dequant_row(int kind, const void *restrict w_row, const uint16_t *restrict scales_row,
                          const uint16_t *restrict mins_row, int64_t K, int64_t G, float *restrict o);
 void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
@@ -63,7 +59,8 @@ void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, co
                                 int64_t K, int64_t G, const uint8_t *wt, const uint16_t *d, const uint16_t *mn,
                                 int64_t nb0, int64_t nb1, float *y, int64_t ldy);
 
-/* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4). */
+/* A quantized [n, k] matrix as minillm.quant.formats.QuantizedWeight holds it (kind 0 int8, 1 int4): the
+   embedding, whose rows the step dequantizes. */
 typedef struct {
     int64_t kind, group, n, k;
     const void *w;
@@ -72,7 +69,6 @@ typedef struct {
 
 typedef struct {
     const float *input_norm, *post_norm;   /* RMSNorm weights [hidden] */
-    mll_qlinear qkv, o, gate_up, down;
 } mll_layer;
 
 typedef struct {
@@ -134,27 +130,6 @@ static void barrier(spin_barrier *b, int *mine) {
     }
 }
 
-/* One thread's buffers: its copy of the residual stream, the normed input of the next matmul, and that input
-   quantized (qgemm.c's int16 codes, block scales, group sums). */
-typedef struct {
-    float *x, *hn, *ad, *as, *gs;
-    int16_t *aq;
-} scratch;
-
-static void quantize_in(const mll_qlinear *l, const float *in, int64_t M, scratch *sc) {
-    minillm_qgemm_quantize(in, M, l->k, l->k, l->group, sc->aq, sc->ad, sc->as, sc->gs);
-}
-
-/* Thread t's share of a matmul: an equal run of whole groups of four weight rows (qgemm.c's step). */
-static void rows_part(const mll_qlinear *l, int64_t M, const scratch *sc, float *y, int t, int nt) {
-    const int64_t quads = (l->n + 3) / 4, per = (quads + nt - 1) / nt;
-    const int64_t lo = t * per * 4, hi = (t + 1) * per * 4;
-    const int64_t n0 = lo < l->n ? lo : l->n, n1 = hi < l->n ? hi : l->n;
-    if (n0 < n1)
-        minillm_qgemm_rows((int)l->kind, M, l->k, l->w, l->scales, l->mins, l->group, sc->aq, sc->ad, sc->gs, n0, n1, y,
-                           l->n);
-}
-
 /* Rows outside what the pool holds would make the kernels read or write foreign memory: checked before anything is
    written. 0, or -2 a slot outside the pool, -3 a sequence length outside 1..table width x block_size, -4 a block
    table entry (of the blocks a sequence uses) outside the pool, -5 a token id outside the embedding. */
@@ -177,17 +152,17 @@ typedef struct {
     int64_t M, E, I, H, KV, D, G, num_slots, max_blocks, block_size, layer_floats;
     float eps, scale;
     const mll_layer *layers;
-    const mll_layer_tiles *tiles;        /* tiles mode: the layers' tiles; NULL: the qgemm.c row kernel */
+    const mll_layer_tiles *tiles;        /* the layers' matmuls in qgemm.c's tiles */
     const float *cos, *sin;
     float *k_pool, *v_pool;
     const int64_t *slot_mapping, *block_tables, *seq_lens, *rows;
     float *big, *mid, *out;              /* qkv then gate|up; attention out (then silu*up); the o and down outputs */
     int64_t ldq, ldg, lde;               /* row strides of big holding qkv, big holding gate|up, out */
-    int16_t *taq;                        /* tiles mode: the activation codes [M, kmax] all threads share, their ... */
+    int16_t *taq;                        /* the activation codes [M, kmax] all threads share, their ... */
     float *tad, *tas, *tgs;              /* ... block scales, scaled block sums and group sums [M, kmax / 32] */
     int rows_share;                      /* rows of one sequence (a verification's k + 1): store all, then attend */
     atomic_long next_task, next_attend;
-    atomic_int bad;                      /* tiles mode: an activation was NaN or inf */
+    atomic_int bad;                      /* an activation was NaN or inf */
     spin_barrier bar;
 } step_ctx;
 
@@ -234,39 +209,7 @@ static void add_rows(float *x, const float *y, int64_t M, int64_t E, int64_t ldy
         for (int64_t i = 0; i < E; i++) x[m * E + i] += y[m * ldy + i];
 }
 
-/* Few rows: the qgemm.c row kernel. Every thread norms and quantizes all rows itself (a few microseconds, cheaper
-   than a barrier) and computes its share of each matmul's weight rows. */
-static void layer_qgemm(step_ctx *c, int64_t l, scratch *sc, int t, int nt, int *sense) {
-    const mll_layer *ly = c->layers + l;
-    const int64_t M = c->M, E = c->E, I = c->I;
-    for (int64_t m = 0; m < M; m++) rms_norm(sc->x + m * E, ly->input_norm, E, c->eps, sc->hn + m * E);
-    quantize_in(&ly->qkv, sc->hn, M, sc);
-    rows_part(&ly->qkv, M, sc, c->big, t, nt);
-    barrier(&c->bar, sense);
-    attention(c, l, sense);
-    barrier(&c->bar, sense);
-    quantize_in(&ly->o, c->mid, M, sc);
-    rows_part(&ly->o, M, sc, c->out, t, nt);
-    barrier(&c->bar, sense);
-    add_rows(sc->x, c->out, M, E, E);
-    for (int64_t m = 0; m < M; m++) rms_norm(sc->x + m * E, ly->post_norm, E, c->eps, sc->hn + m * E);
-    quantize_in(&ly->gate_up, sc->hn, M, sc);
-    rows_part(&ly->gate_up, M, sc, c->big, t, nt);
-    barrier(&c->bar, sense);
-    const int64_t per = (M * I + nt - 1) / nt;
-    for (int64_t e = t * per; e < (t + 1) * per && e < M * I; e++) {
-        const int64_t m = e / I, i = e % I;
-        const float gv = c->big[m * 2 * I + i], u = c->big[m * 2 * I + I + i];
-        c->mid[e] = gv / (1.0f + expf(-gv)) * u;
-    }
-    barrier(&c->bar, sense);
-    quantize_in(&ly->down, c->mid, M, sc);
-    rows_part(&ly->down, M, sc, c->out, t, nt);
-    barrier(&c->bar, sense);
-    add_rows(sc->x, c->out, M, E, E);
-}
-
-/* tiles mode, one matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
+/* One matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
    is computed) and quantized into the shared codes; then the barrier, after which every thread sees whether any
    row was NaN/inf (returns 1: the whole team leaves the step together). */
 typedef const float *(*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
@@ -292,12 +235,12 @@ static const float *row_silu(const step_ctx *c, int64_t l, int64_t m, const floa
     return tmp;
 }
 
-static int quantize_shared(step_ctx *c, int64_t l, row_fn make, int64_t K, const scratch *sc, float *tmp,
+static int quantize_shared(step_ctx *c, int64_t l, row_fn make, int64_t K, const float *xs, float *tmp,
                            int64_t r0, int64_t r1, int *sense) {
     const int64_t nb = K / 32;
     int bad = 0;
     for (int64_t m = r0; m < r1; m++) {
-        const float *row = make(c, l, m, sc->x + m * c->E, tmp);
+        const float *row = make(c, l, m, xs + m * c->E, tmp);
         bad |= !minillm_qgemm_finite(row, K);
         minillm_qgemm_quantize(row, 1, K, K, 32, c->taq + m * K, c->tad + m * nb, c->tas + m * nb, c->tgs + m * nb);
     }
@@ -313,28 +256,28 @@ static void gemm_tiles(const step_ctx *c, const mll_tiles *w, int64_t K, float *
                                w->mins, t * nblocks / nt, (t + 1) * nblocks / nt, y, ldy);
 }
 
-/* Batched rows: qgemm.c's tiles. Rows are split over the team for the norms, SiLU and quantization (each input
-   quantized once, into codes all threads read), and each matmul's 24-column blocks. */
-static int layer_tiles(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, int nt, int *sense) {
+/* One layer. Rows are split over the team for the norms, SiLU and quantization (each input quantized once, into
+   codes all threads read), and each matmul's 24-column blocks. */
+static int layer_tiles(step_ctx *c, int64_t l, float *xs, float *tmp, int t, int nt, int *sense) {
     const mll_layer_tiles *pk = c->tiles + l;
     const int64_t M = c->M, E = c->E, per = (M + nt - 1) / nt;
     const int64_t r0 = t * per < M ? t * per : M, r1 = (t + 1) * per < M ? (t + 1) * per : M;
-    if (quantize_shared(c, l, row_input_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_input_norm, E, xs, tmp, r0, r1, sense)) return 1;
     gemm_tiles(c, &pk->qkv, E, c->big, c->ldq, t, nt);
     barrier(&c->bar, sense);
     attention(c, l, sense);
     barrier(&c->bar, sense);
-    if (quantize_shared(c, l, row_attn_out, c->H * c->D, sc, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_attn_out, c->H * c->D, xs, tmp, r0, r1, sense)) return 1;
     gemm_tiles(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
-    add_rows(sc->x, c->out, M, E, c->lde);
-    if (quantize_shared(c, l, row_post_norm, E, sc, tmp, r0, r1, sense)) return 1;
+    add_rows(xs, c->out, M, E, c->lde);
+    if (quantize_shared(c, l, row_post_norm, E, xs, tmp, r0, r1, sense)) return 1;
     gemm_tiles(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
     barrier(&c->bar, sense);
-    if (quantize_shared(c, l, row_silu, c->I, sc, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_silu, c->I, xs, tmp, r0, r1, sense)) return 1;
     gemm_tiles(c, &pk->down, c->I, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
-    add_rows(sc->x, c->out, M, E, c->lde);
+    add_rows(xs, c->out, M, E, c->lde);
     return 0;
 }
 
@@ -342,11 +285,11 @@ static int layer_tiles(step_ctx *c, int64_t l, scratch *sc, float *tmp, int t, i
    step looks ids[m] up in the quantized embedding itself). cos/sin: [M, head_dim]. k_pool/v_pool: this step's
    layers' pools, [L][num_kv_heads][num_slots][head_dim]. Row m is one token: its new K/V go to slot_mapping[m], it
    attends over seq_lens[m] positions through block_tables[m]; rows_share: some rows are tokens of one sequence
-   (each with its own seq_len: causal), so all are stored before any attends. `tiles` (one per layer, or NULL): run
-   the matmuls on qgemm.c's tiles (batched rows) instead of its row kernel. Returns 0; -1 when scratch memory
-   cannot be allocated; check_rows' codes for rows outside the pool (nothing is written then); -6 in tiles mode
-   when an activation is NaN or inf (the pool slots of this step's rows may have been written: the caller
-   runs the layers, which write them again, and whose float fallback propagates the NaN). */
+   (each with its own seq_len: causal), so all are stored before any attends. `tiles`: the layers' matmuls in
+   qgemm.c's tiles, one set per layer. Returns 0; -1 when scratch memory cannot be allocated; check_rows' codes for
+   rows outside the pool (nothing is written then); -6 when an activation is NaN or inf (the pool slots of this
+   step's rows may have been written: the caller runs the layers, which write them again, and whose float fallback
+   propagates the NaN). */
 int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qlinear *embed, const mll_layer *layers,
                         const mll_layer_tiles *tiles, int64_t L, const mll_dims *dims, const float *final_norm,
                         const float *cos, const float *sin, float *k_pool, float *v_pool, int64_t num_slots,
@@ -357,8 +300,7 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
     if (bad) return bad;
     const int64_t E = dims->hidden, I = dims->intermediate, H = dims->num_heads, KV = dims->num_kv_heads,
                   D = dims->head_dim, NQKV = (H + 2 * KV) * D;
-    const int tm = tiles != NULL;                           /* tiles write whole 24-column blocks: padded strides */
-    const int64_t ldq = tm ? PAD_TN(NQKV) : NQKV, ldg = tm ? PAD_TN(2 * I) : 2 * I, lde = tm ? PAD_TN(E) : E;
+    const int64_t ldq = PAD_TN(NQKV), ldg = PAD_TN(2 * I), lde = PAD_TN(E);   /* tiles write whole 24-column blocks */
     const int64_t widest = ldq > ldg ? ldq : ldg, mid_w = H * D > I ? H * D : I;
     const int64_t kmax = E > mid_w ? E : mid_w, nb = kmax / 32;
     if (nthreads < 1) nthreads = 1;
@@ -366,14 +308,13 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
     float *mid = malloc(sizeof(float) * (size_t)(M * mid_w));
     float *out = malloc(sizeof(float) * (size_t)(M * lde));
     int64_t *rows = malloc(sizeof(int64_t) * (size_t)M);
-    /* per thread: its residual copy, normed input, qgemm's block scales and group sums; a row of the next input */
-    const size_t floats_per_thread = (size_t)(2 * M * E + 3 * M * nb + kmax);
+    /* per thread: its residual copy and a row of the next matmul's input */
+    const size_t floats_per_thread = (size_t)(M * E + kmax);
     float *fbuf = malloc(sizeof(float) * floats_per_thread * (size_t)nthreads);
-    int16_t *qbuf = tm ? NULL : malloc(sizeof(int16_t) * (size_t)(M * kmax) * (size_t)nthreads);
-    int16_t *taq = tm ? malloc(sizeof(int16_t) * (size_t)(M * kmax)) : NULL;
-    float *tsc = tm ? malloc(sizeof(float) * (size_t)(3 * M * nb)) : NULL;    /* tad, tas, tgs */
-    if (!big || !mid || !out || !rows || !fbuf || (tm ? !taq || !tsc : !qbuf)) {
-        free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(taq); free(tsc);
+    int16_t *taq = malloc(sizeof(int16_t) * (size_t)(M * kmax));
+    float *tsc = malloc(sizeof(float) * (size_t)(3 * M * nb));      /* tad, tas, tgs */
+    if (!big || !mid || !out || !rows || !fbuf || !taq || !tsc) {
+        free(big); free(mid); free(out); free(rows); free(fbuf); free(taq); free(tsc);
         return -1;
     }
     for (int64_t m = 0; m < M; m++) rows[m] = m;
@@ -383,7 +324,7 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                   .tiles = tiles, .cos = cos, .sin = sin, .k_pool = k_pool, .v_pool = v_pool,
                   .slot_mapping = slot_mapping, .block_tables = block_tables, .seq_lens = seq_lens, .rows = rows,
                   .big = big, .mid = mid, .out = out, .ldq = ldq, .ldg = ldg, .lde = lde, .taq = taq, .tad = tsc,
-                  .tas = tsc ? tsc + M * nb : NULL, .tgs = tsc ? tsc + 2 * M * nb : NULL};
+                  .tas = tsc + M * nb, .tgs = tsc + 2 * M * nb};
     c.rows_share = rows_share;
     atomic_init(&c.next_task, 0);
     atomic_init(&c.next_attend, 0);
@@ -398,18 +339,15 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
         c.bar.n = omp_get_num_threads();    /* the team may be smaller than asked; the single's barrier publishes n */
         const int t = omp_get_thread_num(), nt = c.bar.n;
         int sense = 0;
-        float *f = fbuf + (size_t)t * floats_per_thread;
-        scratch sc = {f, f + M * E, f + 2 * M * E, f + 2 * M * E + M * nb, f + 2 * M * E + 2 * M * nb,
-                      qbuf ? qbuf + (size_t)t * (size_t)(M * kmax) : NULL};
-        float *tmp = f + 2 * M * E + 3 * M * nb;
+        float *xs = fbuf + (size_t)t * floats_per_thread, *tmp = xs + M * E;
         if (embed) {    /* each thread dequantizes the rows into its own copy (M x hidden values: cheap) */
             const int64_t row_bytes = embed->kind == 1 ? E / 2 : E, ng = E / embed->group;
             for (int64_t m = 0; m < M; m++)
                 minillm_dequant_row((int)embed->kind, (const uint8_t *)embed->w + ids[m] * row_bytes,
                                     embed->scales + ids[m] * ng, embed->kind == 1 ? embed->mins + ids[m] * ng : NULL,
-                                    E, embed->group, sc.x + m * E);
+                                    E, embed->group, xs + m * E);
         } else {
-            memcpy(sc.x, x, sizeof(float) * (size_t)(M * E));
+            memcpy(xs, x, sizeof(float) * (size_t)(M * E));
         }
 
         int stopped = 0;
@@ -418,18 +356,15 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                 atomic_store(&c.next_task, 0);
                 atomic_store(&c.next_attend, 0);
             }
-            if (tm)
-                stopped = layer_tiles(&c, l, &sc, tmp, t, nt, &sense);
-            else
-                layer_qgemm(&c, l, &sc, t, nt, &sense);
+            stopped = layer_tiles(&c, l, xs, tmp, t, nt, &sense);
         }
         if (t == 0 && !stopped) {
             if (final_norm)
-                for (int64_t m = 0; m < M; m++) rms_norm(sc.x + m * E, final_norm, E, dims->eps, x + m * E);
+                for (int64_t m = 0; m < M; m++) rms_norm(xs + m * E, final_norm, E, dims->eps, x + m * E);
             else
-                memcpy(x, sc.x, sizeof(float) * (size_t)(M * E));
+                memcpy(x, xs, sizeof(float) * (size_t)(M * E));
         }
     }
-    free(big); free(mid); free(out); free(rows); free(fbuf); free(qbuf); free(taq); free(tsc);
+    free(big); free(mid); free(out); free(rows); free(fbuf); free(taq); free(tsc);
     return atomic_load(&c.bad) ? -6 : 0;
 }

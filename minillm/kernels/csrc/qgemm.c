@@ -350,14 +350,16 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
    widened in a register and multiplied into every row of the pass right away: widening a block into a buffer first
    and summing 4 rows at a time from it (int16_gemm.c's tile) spent more time widening, storing and reloading than
    multiplying at 5 rows, and a 5th row cost a second pass over the block. With AVX-512's 32 vector registers a pass
-   holds 8 rows (24 sums, 3 weight vectors, a broadcast, the nibble mask); AVX2's 16 hold 4. */
+   holds 7 rows (21 sums, 3 weight vectors, a broadcast, the nibble mask; at 8 rows gcc spilled, and a pass of 8 ran
+   no faster than two of 4: every matmul of SmolLM2, 2 threads, Zen 4, 8 rows 10.1 vs 9.9 ms, 16 rows 18.2 vs 16.6
+   as 6 + 5 + 5); AVX2's 16 hold 4. */
 #define TN 24
 #define Q4_TILE_BYTES (8 * 3 * 16)
 #define Q8_TILE_BYTES (16 * 3 * 16)
 
 #if QG_AVX2
 #if defined(__AVX512VL__)
-#define TR 8
+#define TR 7
 #else
 #define TR 4
 #endif
@@ -431,14 +433,14 @@ __attribute__((noinline)) static void tiles_pass_##Q##_##R(const uint8_t *wt, co
         int64_t ldy) { tiles_pass(Q, R, wt, d, mn, nb, pg, aq, K, ad, as, y, ldy); }
 TILES_PASS(0, 1) TILES_PASS(0, 2) TILES_PASS(0, 3) TILES_PASS(0, 4)
 TILES_PASS(1, 1) TILES_PASS(1, 2) TILES_PASS(1, 3) TILES_PASS(1, 4)
-#if TR == 8
-TILES_PASS(0, 5) TILES_PASS(0, 6) TILES_PASS(0, 7) TILES_PASS(0, 8)
-TILES_PASS(1, 5) TILES_PASS(1, 6) TILES_PASS(1, 7) TILES_PASS(1, 8)
+#if TR == 7
+TILES_PASS(0, 5) TILES_PASS(0, 6) TILES_PASS(0, 7)
+TILES_PASS(1, 5) TILES_PASS(1, 6) TILES_PASS(1, 7)
 static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
     {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4, tiles_pass_0_5, tiles_pass_0_6,
-     tiles_pass_0_7, tiles_pass_0_8},
+     tiles_pass_0_7},
     {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3, tiles_pass_1_4, tiles_pass_1_5, tiles_pass_1_6,
-     tiles_pass_1_7, tiles_pass_1_8}};
+     tiles_pass_1_7}};
 #else
 static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
     {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4},
@@ -457,12 +459,16 @@ void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, co
                                 int64_t nb0, int64_t nb1, float *y, int64_t ldy) {
 #if QG_AVX2
     const int64_t nb = K / QB, ng = K / G, per_group = G / QB, bytes = kind == 1 ? Q4_TILE_BYTES : Q8_TILE_BYTES;
+    /* rows split evenly over the fewest passes: 9 rows as 5 + 4, not 8 + 1 (a pass of one row still widens every
+       block, and its few multiply-adds leave the widening exposed) */
+    const int64_t passes = (m1 - m0 + TR - 1) / TR;
     for (int64_t cb = nb0; cb < nb1; cb++)
-        for (int64_t m = m0; m < m1; m += TR) {
-            const int R = m1 - m < TR ? (int)(m1 - m) : TR;
+        for (int64_t p = 0, m = m0; p < passes; p++) {
+            const int R = (int)((m1 - m + (passes - p) - 1) / (passes - p));
             TILES_PASS_FNS[kind == 1][R](wt + cb * nb * bytes, d + cb * ng * TN, kind == 1 ? mn + cb * ng * TN : NULL,
                                         nb, per_group, aq + m * K, K, ad + m * nb, as + m * nb, y + m * ldy + cb * TN,
                                         ldy);
+            m += R;
         }
 #else
     (void)kind; (void)aq; (void)ad; (void)as; (void)m0; (void)m1; (void)K; (void)G; (void)wt; (void)d; (void)mn;
@@ -560,7 +566,8 @@ int minillm_qgemm(int kind, const float *x, int64_t M, int64_t K, int64_t x_stri
     /* Each thread takes an equal share of whole groups of four weight rows (minillm_qgemm_rows). Measured on
        SmolLM2's shapes (2 threads, Zen 4, 2026-11-29): one widening per weight block for all rows took 2 rows from
        1.45x one row's time to 1.23-1.33x, 5 rows from 2.95x to 2.3x; a decode step of 2 sequences from 6.8 to
-       5.4 ms. From 3 rows the layers use int16_gemm.c instead (cpu_qgemm.BATCHED_MIN_ROWS). */
+       5.4 ms. Since 2026-11-29 the layers run the tiles at every row count where they are built, and this
+       kernel where they are not (cpu_qgemm.qlinear). */
     const int64_t quads = (N + 3) / 4;
 #pragma omp parallel num_threads(nthreads)
     {
