@@ -5,9 +5,9 @@
 - Weight-only int8/int4 on CPU with the kernel built: up to TILES_MAX_ROWS rows (decode at any batch,
   verification, short prefill chunks) the kernel's tiles (the weights' own codes reordered into a copy made on the
   first call, each block widened once for all rows of a pass); built without AVX2, the row kernel on the packed
-  weights below BATCHED_MIN_ROWS rows (its plain C loop). From there on (prefill) the BATCHED_PATH (see the table at the constant): by default the int16 GEMM (cpu_int16.py:
-  13-bit codes per 64 inputs) on a copy of the weight packed on the first such call; an FBGEMM float16 copy where
-  that kernel cannot be built.
+  weights below BATCHED_MIN_ROWS rows (its plain C loop). Past those (prefill) the BATCHED_PATH (see the table at
+  the constant): by default the int16 GEMM (cpu_int16.py: 13-bit codes per 64 inputs) on a copy of the weight
+  packed on the first such call; an FBGEMM float16 copy where that kernel cannot be built.
 - Otherwise (no compiler, CUDA tensors, MINILLM_QGEMM=torch) the reference: dequantize, then a float matmul.
 The kernel differs from the reference by its dynamic int16 activations (per block of 32), the batched paths by
 their 16-bit copies: tests/test_quant.py, tests/test_w8a8.py and tests/test_int16_gemm.py state the tolerances.
@@ -76,7 +76,8 @@ def reference(x: torch.Tensor, qw: QuantizedWeight) -> torch.Tensor:
     return F.linear(x, qw.dequantize(x.dtype))
 
 
-# Weight-only layers with at least BATCHED_MIN_ROWS activation rows run BATCHED_PATH instead of the C kernel:
+# Weight-only layers with more than TILES_MAX_ROWS activation rows (without the tiles: at least BATCHED_MIN_ROWS) run
+# BATCHED_PATH instead of the C kernel:
 #   int16    the default (2026-11-28): the weight packed once into 13-bit codes per (output, 64 inputs), stored as
 #            int16 (2 bytes per weight), the activations quantized per call to 13 bits per (row, 64 inputs), and a
 #            vpmaddwd GEMM (csrc/int16_gemm.c). 1.2-1.3x float32 at 2048 rows, 1.5-2.3x at 16-64 rows, 2.4-5x
@@ -365,7 +366,8 @@ def requantized(qw: QuantizedWeight, smooth: torch.Tensor | None = None) -> Quan
 
 
 def kernel(x: torch.Tensor, qw: QuantizedWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """The C integer kernel at any number of rows (qlinear sends it fewer than BATCHED_MIN_ROWS)."""
+    """The C row kernel at any number of rows (qlinear sends it fewer than BATCHED_MIN_ROWS where the tiles are not
+    built; the tests' row-at-a-time reference)."""
     lib = lib or _kernel()
     n, k = qw.shape
     lead = x.shape[:-1]

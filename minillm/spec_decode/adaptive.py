@@ -2,9 +2,10 @@
 
 Speculation pays only while the tokens a step is expected to emit grow faster than what the step costs. With
 per-token acceptance a, k drafts emit (1 - a^(k+1)) / (1 - a) tokens; the j-th draft adds a^j of them. The cost
-is the engine's own: a plain decode step at this batch size, what verifying extra rows adds (a fixed jump: on a CPU
-three rows or more switch the step's matmuls to the batched int16 GEMM; then a cost per row) and the drafting (one forward
-per draft token for a model; about nothing for n-gram lookup). Both are learned online from the engine's step times.
+is the engine's own: a plain decode step at this batch size, what verifying extra rows adds (a fixed jump -- the
+verification's own work, such as scoring its rows through the rejection sampler -- then a cost per row: on a CPU each
+row multiplies every weight again) and the drafting (one forward per draft token for a model; about nothing for
+n-gram lookup). Both are learned online from the engine's step times.
 
 Each step, every decoding sequence's drafts are ranked by expected gain a_i^j (gains fall with j, so the best E
 rows are the E largest gains) and the E that maximises expected tokens per second is taken; E = 0 (a plain step)
