@@ -170,14 +170,15 @@ def test_tiles_equal_their_arithmetic_and_rows_one_at_a_time(m, n, blocks, group
 
 
 @given(m=st.integers(1, 20), blocks=st.integers(1, 6), kind=st.sampled_from(["int4", "int8", "int8-channel"]),
-       seed=st.integers(0, 2**31 - 1))
+       seed=st.integers(0, 2**31 - 1), variant=st.sampled_from(["avx2", "avx2-vnni"]))
 @settings(max_examples=25, deadline=None, derandomize=True)
-@example(m=13, blocks=18, kind="int4", seed=0)          # 7 + 6 rows in AVX-512's passes, 4 + 3 + 3 + 3 in AVX2's
-def test_the_tiles_built_without_avx512_give_the_same_bits(m, blocks, kind, seed):
-    """A pass of the tiles holds 7 rows where AVX-512's 32 registers exist and 4 with AVX2's 16; without VNNI the
-    multiply-adds take two instructions. The sums are exact integers either way and the float steps are the same, so
-    the two builds agree bit for bit (on a machine without AVX-512 both are the AVX2 build)."""
-    native, avx2 = cpu_qgemm.load("c"), cpu_qgemm.load("avx2")
+@example(m=13, blocks=18, kind="int4", seed=0, variant="avx2")      # 13 rows: 7 + 6 natively, 3+3+3+2+2 here
+@example(m=13, blocks=18, kind="int8", seed=1, variant="avx2-vnni")  # and 4 + 3 + 3 + 3 here
+def test_the_tiles_built_without_avx512_give_the_same_bits(m, blocks, kind, seed, variant):
+    """A pass of the tiles holds 7 rows where AVX-512's 32 registers exist, 4 with AVX2's 16 and VNNI, 3 without
+    VNNI (whose multiply-adds take two instructions). The sums are exact integers either way and the float steps are
+    the same, so the builds agree bit for bit (on a machine without AVX-512 or VNNI some are the same build)."""
+    native, avx2 = cpu_qgemm.load("c"), cpu_qgemm.load(variant)
     if native is None or avx2 is None or not avx2.minillm_qgemm_tiles_available():
         pytest.skip("no C compiler or no AVX2")
     spec = QuantSpec("int8") if kind == "int8-channel" else QuantSpec(kind, 32)

@@ -44,13 +44,15 @@ def mode() -> str:
     return config.kernels().qgemm
 
 
-VARIANT_FLAGS = {"c": (), "scalar": ("-DMINILLM_QGEMM_SCALAR",), "avx2": ("-mno-avx512f",)}
+VARIANT_FLAGS = {"c": (), "scalar": ("-DMINILLM_QGEMM_SCALAR",), "avx2": ("-mno-avx512f", "-mno-avxvnni"),
+                 "avx2-vnni": ("-mno-avx512f",)}
 
 
 @functools.cache
 def load(variant: str = "c") -> ctypes.CDLL | None:
-    """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs). "avx2":
-    built without AVX-512 (the tiles then hold 4 rows a pass, not 8), for tests on a machine that has it."""
+    """The compiled kernel (`variant` c or scalar), or None when it cannot be built (the reference runs). "avx2",
+    "avx2-vnni": built without AVX-512 (the tiles then hold 3 or 4 rows a pass, not 7), without or with AVX-VNNI, for
+    tests on a machine that has them."""
     extra = VARIANT_FLAGS[variant]
     lib = cpu_native.open_library(SOURCES, "C quantized-matmul kernel", "dequantizing to float instead", extra)
     if lib is None:

@@ -352,7 +352,8 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
    multiplying at 5 rows, and a 5th row cost a second pass over the block. With AVX-512's 32 vector registers a pass
    holds 7 rows (21 sums, 3 weight vectors, a broadcast, the nibble mask; at 8 rows gcc spilled, and a pass of 8 ran
    no faster than two of 4: every matmul of SmolLM2, 2 threads, Zen 4, 8 rows 10.1 vs 9.9 ms, 16 rows 18.2 vs 16.6
-   as 6 + 5 + 5); AVX2's 16 hold 4. */
+   as 6 + 5 + 5); AVX2's 16 hold 4 with VNNI and 3 without (the product takes a register: at 4 rows gcc spilled,
+   and a build for AVX2 without VNNI ran 0.90-0.98x the buffered version at 5-64 rows, 0.94-1.04x with 3). */
 #define TN 24
 #define Q4_TILE_BYTES (8 * 3 * 16)
 #define Q8_TILE_BYTES (16 * 3 * 16)
@@ -360,8 +361,10 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
 #if QG_AVX2
 #if defined(__AVX512VL__)
 #define TR 7
-#else
+#elif defined(__AVXVNNI__)
 #define TR 4
+#else
+#define TR 3     /* vpmaddwd then vpaddd: the product needs a register of its own */
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPW(a, b, w) a = _mm256_dpwssd_epi32(a, b, w)       /* the multiply-add and the sum in one instruction */
@@ -431,20 +434,25 @@ typedef void (*tiles_pass_fn)(const uint8_t *, const uint16_t *, const uint16_t 
 __attribute__((noinline)) static void tiles_pass_##Q##_##R(const uint8_t *wt, const uint16_t *d, const uint16_t *mn, \
         int64_t nb, int64_t pg, const int16_t *aq, int64_t K, const float *ad, const float *as, float *y, \
         int64_t ldy) { tiles_pass(Q, R, wt, d, mn, nb, pg, aq, K, ad, as, y, ldy); }
-TILES_PASS(0, 1) TILES_PASS(0, 2) TILES_PASS(0, 3) TILES_PASS(0, 4)
-TILES_PASS(1, 1) TILES_PASS(1, 2) TILES_PASS(1, 3) TILES_PASS(1, 4)
+TILES_PASS(0, 1) TILES_PASS(0, 2) TILES_PASS(0, 3)
+TILES_PASS(1, 1) TILES_PASS(1, 2) TILES_PASS(1, 3)
 #if TR == 7
-TILES_PASS(0, 5) TILES_PASS(0, 6) TILES_PASS(0, 7)
-TILES_PASS(1, 5) TILES_PASS(1, 6) TILES_PASS(1, 7)
+TILES_PASS(0, 4) TILES_PASS(0, 5) TILES_PASS(0, 6) TILES_PASS(0, 7)
+TILES_PASS(1, 4) TILES_PASS(1, 5) TILES_PASS(1, 6) TILES_PASS(1, 7)
 static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
     {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4, tiles_pass_0_5, tiles_pass_0_6,
      tiles_pass_0_7},
     {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3, tiles_pass_1_4, tiles_pass_1_5, tiles_pass_1_6,
      tiles_pass_1_7}};
-#else
+#elif TR == 4
+TILES_PASS(0, 4) TILES_PASS(1, 4)
 static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
     {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3, tiles_pass_0_4},
     {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3, tiles_pass_1_4}};
+#else
+static const tiles_pass_fn TILES_PASS_FNS[2][TR + 1] = {
+    {NULL, tiles_pass_0_1, tiles_pass_0_2, tiles_pass_0_3},
+    {NULL, tiles_pass_1_1, tiles_pass_1_2, tiles_pass_1_3}};
 #endif
 #undef TILES_PASS
 #endif
