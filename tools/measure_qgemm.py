@@ -1,11 +1,12 @@
 """Time every quantized-matmul path per batch size on SmolLM2's layer shapes, in one process (ratios are what count
-on a shared machine). Prints the table that minillm/kernels/cpu_qgemm.py's BATCHED_MIN_ROWS / BATCHED_PATH
-comment quotes; re-run it when csrc/qgemm.c changes.
+on a shared machine). Prints the table that minillm/kernels/cpu_qgemm.py's BATCHED_PATH comment quotes; re-run it
+when csrc/qgemm.c changes.
 
     PYTHONPATH=$PWD python tools/measure_qgemm.py [--threads 1] [--rows 1 4 8 16 32 64 128 256] [--repeat 3]
 
-Paths: C = the integer kernel on the packed weights (csrc/qgemm.c), int16 = the int16 GEMM on a packed copy
-(csrc/int16_gemm.c, the default from BATCHED_MIN_ROWS rows), w8a8 = the requantized W8A8 copy (FBGEMM),
+Paths: tiles = the integer kernel on the weights' codes reordered into tiles (csrc/qgemm.c; the default up to
+TILES_MAX_ROWS rows), C = the same kernel's row loop on the packed weights (where the tiles are not built),
+int16 = the int16 GEMM on a packed copy (csrc/int16_gemm.c, the default past TILES_MAX_ROWS rows), w8a8 = the requantized W8A8 copy (FBGEMM),
 fp16 = an FBGEMM float16 copy, bf16 = a bfloat16 copy through oneDNN (emulated, slow, on CPUs without AVX-512),
 float = a cached float32 copy (= what `--quantization none` runs), dequant =
 expand to float32 on every call. Block layers are int4 g32 (the default GGUF's Q4_1), the LM head int8 g32 (Q8_0).
@@ -22,7 +23,7 @@ from minillm.quant.formats import QuantSpec, quantize
 
 SHAPES = [(576, 576, "q/o"), (192, 576, "k/v"), (1536, 576, "gate/up"), (576, 1536, "down"),
           (49152, 576, "lm head")]
-PATHS = ("C", "int16", "w8a8", "fp16", "bf16", "float", "dequant")
+PATHS = ("tiles", "C", "int16", "w8a8", "fp16", "bf16", "float", "dequant")
 
 
 def _time_us(fn, min_s: float) -> float:
@@ -37,6 +38,8 @@ def _time_us(fn, min_s: float) -> float:
 
 
 def _call(path: str, x: torch.Tensor, qw):
+    if path == "tiles":
+        return cpu_qgemm.linear_tiles(x, cpu_qgemm.tiles_copy(qw))
     if path == "C":
         return cpu_qgemm.kernel(x, qw)
     return cpu_qgemm.batched(x, qw, path)
@@ -78,7 +81,7 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=0.05, help="time per measurement")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {a.threads} thread(s), BATCHED_MIN_ROWS={cpu_qgemm.BATCHED_MIN_ROWS}, "
+    print(f"torch {torch.__version__}, {a.threads} thread(s), TILES_MAX_ROWS={cpu_qgemm.TILES_MAX_ROWS}, "
           f"BATCHED_PATH={cpu_qgemm.BATCHED_PATH}")
     print(table(measure(a.rows, a.repeat, a.min_seconds), a.rows))
 
