@@ -192,6 +192,34 @@ def test_a_seeded_request_gets_the_same_tokens_whatever_else_is_in_the_batch(see
     assert rs(torch.cat(ps), ds, qs, gens)[at] == alone
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@example(seed=0, ks=[4], seeded=[True])               # a greedy batch-1 verification, seeded
+@given(seed=st.integers(0, 10**6), ks=st.lists(st.integers(0, 5), min_size=1, max_size=5),
+       seeded=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_one_token_rows_against_drafts_with_probabilities_keep_the_rule_and_the_generators(seed, ks, seeded):
+    """Every row of p one token (greedy requests) and drafts sampled from a q of their own: a draft is kept exactly
+    when it is its row's token, the first miss emits that row's token and a full acceptance the bonus row's; each
+    seeded request's generator advances by its k acceptance uniforms and nothing else, as in a mixed batch."""
+    gen = torch.Generator().manual_seed(seed)
+    ps, qs, ds = [], [], []
+    for k in ks:
+        ps.append(torch.nn.functional.one_hot(torch.randint(0, V, (k + 1,), generator=gen), V).double())
+        qs.append(dirichlet(gen, (k, V)).double())
+        ds.append([int(torch.multinomial(qs[-1][j], 1, generator=gen)) if torch.rand(1, generator=gen) < 0.5
+                   else int(ps[-1][j].argmax()) for j in range(k)])
+    gens = [make_generator(seed + i) if seeded[i] else None for i in range(len(ks))]
+    out = RejectionSampler()(torch.cat(ps), ds, qs, gens)
+    for p, d, toks in zip(ps, ds, out):
+        want = p.argmax(-1).tolist()
+        a = next((j for j, (x, y) in enumerate(zip(d, want)) if x != y), len(d))
+        assert toks == d[:a] + [want[a]]
+    for i, (k, g) in enumerate(zip(ks, gens)):
+        if g is not None:
+            expected = make_generator(seed + i)
+            torch.rand(k, generator=expected, dtype=torch.float64)
+            assert torch.equal(g.get_state(), expected.get_state())
+
+
 def test_a_one_hot_final_row_draws_no_noise_and_the_others_still_do():
     """A greedy request's final distribution has one nonzero entry, so its token needs no draw (V exponentials a
     row were half the extra cost of a greedy step verifying one guess): its generator advances by its k uniforms
