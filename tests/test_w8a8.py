@@ -150,7 +150,7 @@ def test_kernel_copies_are_built_lazily_and_reported():
     assert cache_bytes(model) == 0 and "kernel copies" not in describe(model)
     lib = cpu_qgemm.load("c")
     if lib is None:
-        return
+        pytest.skip("no C compiler: no kernel, no copies")
     own = sum(m.quant.nbytes for _, m in model.quantizable())
     minillm_logits(model, [3])
     tiles = cache_bytes(model)

@@ -57,9 +57,9 @@ def default_scenarios(quick: bool = False) -> list[Scenario]:
             for p in (16, 64, 96, 256, 1024):
                 out.append(Scenario(b, p, 24))
                 out.append(Scenario(b, p, 24, second_wave=1))
-        # A decode step's cost is concave in its rows between 2 and ~12 (4.5 ms at 1 row, +1.5 ms a row to 9, +1.1
-        # after: the rows share each widened weight block), where a lightly loaded replica lives; with batches only
-        # at 1, 4, 16 the fit drew one line through them and ran 10-16 % fast at 5-9 rows.
+        # A decode step's cost is concave in its rows between 2 and ~12 (measured on 2026-11-29 before the tiles kept
+        # their sums in registers: 4.5 ms at 1 row, +1.5 ms a row to 9, +1.1 after), where a lightly loaded replica
+        # lives; with batches only at 1, 4, 16 the fit drew one line through them and ran 10-16 % fast at 5-9 rows.
         for b in (2, 3, 5, 6, 8, 10, 12):
             out.append(Scenario(b, 64, 16))
         # ... and one prompt joining a batch of running decodes (a step of one chunk and many decode rows)

@@ -23,6 +23,11 @@ import torch
 
 from minillm.sampling.sampler import draw
 
+def _one_token(p: torch.Tensor) -> torch.Tensor:
+    """Per row of p [B, V]: True where it has a single nonzero entry (its token is certain, whatever the noise)."""
+    return (p > 0).sum(-1) == 1
+
+
 # The per-request rule lab07 replaces: (target_probs [k+1, V], draft_token_ids [k], draft_probs [k, V],
 # generator or None) -> the emitted tokens (the accepted drafts, then one more).
 PerRequestRule = Callable[[torch.Tensor, list[int], torch.Tensor, Optional[torch.Generator]], list[int]]
@@ -48,7 +53,7 @@ class RejectionSampler:
             raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected sum(k + 1) = {sum(ks) + len(ks)}")
         if self.rule is not None:
             return self._per_request(target_probs, draft_token_ids, draft_probs, generators)
-        if bool(((target_probs > 0).sum(-1) == 1).all()):
+        if bool(_one_token(target_probs).all()):
             return self._one_token_rows(target_probs, draft_token_ids, generators)
         R, V, kmax = len(ks), target_probs.shape[1], max(ks, default=0)
         dev = target_probs.device                # every tensor of the verification on the engine's device
@@ -108,7 +113,7 @@ class RejectionSampler:
         whatever the noise, so only the other rows draw: V exponentials cost ~0.75 ms a row for a 49,152-token
         vocabulary, half the extra time of a greedy batch-1 step verifying one guess."""
         tokens = final.argmax(-1)
-        rest = ((final > 0).sum(-1) != 1).nonzero()[:, 0].tolist()
+        rest = (~_one_token(final)).nonzero()[:, 0].tolist()
         if rest:
             tokens[rest] = draw(final[rest], [generators[i] for i in rest])
         return tokens
