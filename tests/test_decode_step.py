@@ -240,6 +240,18 @@ def test_a_nan_or_inf_activation_leaves_the_step_to_the_layers(contexts, monkeyp
     assert not bool(torch.isfinite(out).all())
 
 
+@pytest.mark.parametrize("contexts", [[3, 8, 1, 5], [3]], ids=["4 rows", "1 row"])
+def test_an_inf_gate_reaching_the_silu_leaves_the_step_to_the_layers(contexts):
+    """The SiLU builds sigmoid(g) from exp(-|g|): an infinite gate (here from an infinite weight scale) must still
+    give a non-finite product that the check before quantizing sees, whichever thread's share of the row holds it,
+    not a finite code."""
+    model = _model(15)
+    with torch.no_grad():
+        model.layers[1].mlp.gate_up_proj.quant.scales[0, 0] = float("inf")
+    cache, ids, pos, meta = _paged(model, contexts, 8, 8)
+    assert _declines(model, _twin(cache), ids, pos, meta)
+
+
 def test_engine_greedy_tokens_fused_and_layers_agree(monkeypatch):
     """Whole engine, several requests of different lengths decoding together, chunked prefill and a tight pool that
     preempts: the same tokens with the fused step as with the layers."""
@@ -304,13 +316,13 @@ def fixed_team():
 
 
 @pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("contexts, new", [([17, 3], None), ([17, 3, 30, 9, 0, 22, 5], None), ([17], [2]),
-                                           ([17, 3, 30], [5, 1, 9])],
-                         ids=["C kernel", "tiles", "verifying, C kernel", "verifying, tiles"])
+@pytest.mark.parametrize("contexts, new", [([17], None), ([17, 3], None), ([17, 3, 30, 9, 0, 22, 5], None),
+                                           ([17], [2]), ([17, 3, 30], [5, 1, 9])],
+                         ids=["1 row", "2 rows", "7 rows", "verifying 3 rows", "verifying 15 rows"])
 @pytest.mark.usefixtures("fixed_team")
 def test_the_team_splits_the_step_without_changing_a_bit(threads, contexts, new, monkeypatch):
-    """One OpenMP team runs the whole step (C kernel: weight rows split over threads in groups of four; tiles: rows
-    split for the norms and quantization, 24-column blocks for the matmuls; attention tasks from a shared counter;
+    """One OpenMP team runs the whole step (the rows' 32-column blocks split evenly for the norms, SiLU and
+    quantization, so a thread's share may start or end inside a row; 24-column blocks for the matmuls; attention tasks from a shared counter;
     spinning barriers between pieces; 3 threads on this 2-core machine also exercise the barrier's yield). Every
     output element is computed by the same code whatever the split, so any thread count must give the single
     thread's result bit for bit: a missing barrier or a split that drops or doubles rows breaks that (with one

@@ -10,7 +10,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from minillm.sampling.params import MAX_LOGPROBS, SamplingParams
 from minillm.sampling.processors import (apply_min_p, apply_penalties, apply_top_k, apply_top_p, process_logits)
-from minillm.sampling.sampler import Sampler, SamplingBatch, draw, make_generator
+from minillm.sampling.sampler import Sampler, SamplingBatch, draw, make_generator, row_argmax
 from minillm.testing import chi_square
 
 sampler = Sampler()
@@ -300,3 +300,35 @@ def test_params_changed_after_construction_are_checked_again_before_they_run():
     with pytest.raises(ValueError, match="temperature"):
         engine.add_request([5, 6, 7], p)
     assert not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == 16
+
+
+# ---------------------------------------------------------------- row_argmax: torch's argmax, faster on the CPU
+
+@settings(max_examples=60, **SETTINGS)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 6), st.sampled_from([128 * 8, 128 * 11, 49152, 1000, 64]),
+       st.lists(st.tuples(st.sampled_from(["nan", "inf", "-inf", "tie", "max_at_slice_end", "all_-inf"]),
+                          st.integers(0, 5), st.floats(0, 1)), max_size=6))
+@example(1, 2, 128 * 8, [("tie", 0, 0.99), ("tie", 1, 0.0)])
+@example(1, 1, 128 * 8, [("nan", 0, 0.7), ("nan", 0, 0.2)])
+def test_row_argmax_is_torchs_argmax_ties_nans_and_infs_included(seed, b, v, edits):
+    """The first index of each row's maximum, and its first NaN where it has one, exactly as x.argmax(-1): with
+    values placed at slice boundaries, ties across slices, NaNs, infinities and all -inf rows; widths that do not
+    split into slices take torch's own path."""
+    x = rows(seed, b, v).round(decimals=1)          # rounding makes ties within a row common
+    for kind, r, at in edits:
+        if r >= b:
+            continue
+        j = min(int(at * v), v - 1)
+        if kind == "nan":
+            x[r, j] = float("nan")
+        elif kind == "inf":
+            x[r, j] = float("inf")
+        elif kind == "-inf":
+            x[r, j] = float("-inf")
+        elif kind == "all_-inf":
+            x[r] = float("-inf")
+        elif kind == "max_at_slice_end":
+            x[r, min(j // 128 * 128 + 127, v - 1)] = x[r].nan_to_num().max() + 1
+        else:                                        # the row's maximum again, later in the row
+            x[r, j] = x[r].nan_to_num(nan=-1e9).max()
+    assert torch.equal(row_argmax(x), x.argmax(-1))

@@ -58,6 +58,22 @@ class SamplerOutput:
     logprobs: list[Optional[TokenLogprobs]]
 
 
+_SLICE = 128
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) for rows x [B, V]: each row's first maximum (its first NaN where it has one), as torch's. On the
+    CPU, torch's argmax does not vectorize and its amax does (a [5, 49152] argmax took 125 us, an amax 10): the
+    maxima of 128-wide slices pick each row's first slice holding its maximum, and argmax runs in that slice only
+    (~30 us). Elsewhere, or for a width that is not a multiple of the slice, it is torch's argmax."""
+    V = x.shape[-1]
+    if x.device.type != "cpu" or x.dim() != 2 or V % _SLICE or V < 8 * _SLICE or not x.is_contiguous():
+        return x.argmax(-1)
+    slices = x.view(x.shape[0], V // _SLICE, _SLICE)
+    which = slices.amax(-1).argmax(-1)
+    return which * _SLICE + slices[torch.arange(x.shape[0]), which].argmax(-1)
+
+
 def draw(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> torch.Tensor:
     """One token per row of probs [B, V], row i with generators[i] (None: torch's global one). The DrawFn seam."""
     noise = torch.empty_like(probs)
@@ -122,7 +138,7 @@ class Sampler:
         out = torch.zeros_like(logits)
         if g:
             gi = g if dev is None else torch.tensor(g, device=dev)
-            out[gi, logits[gi].argmax(-1)] = 1.0
+            out[gi, row_argmax(logits[gi])] = 1.0
         if r:
             sub = SamplingBatch([batch.params[i] for i in r], [])
             processed = self.process_fn(logits[r], sub.column("temperature", device=dev),
@@ -136,11 +152,11 @@ class Sampler:
         if all(p.greedy for p in batch.params):
             # every row's distribution is one-hot on its argmax: take it without building [B, V] of probabilities
             # (a batch-1 decode step spent ~0.6 ms there, ~7 % of the step)
-            tokens = self.penalized(logits, batch).argmax(-1)
+            tokens = row_argmax(self.penalized(logits, batch))
             return SamplerOutput(tokens.tolist(), self.logprobs(logits, tokens, batch))
         probs = self.probs(logits, batch)
         greedy = [p.greedy for p in batch.params]
-        tokens = probs.argmax(-1)
+        tokens = row_argmax(probs)
         random_rows = [i for i, g in enumerate(greedy) if not g]
         if random_rows:
             drawn = self.draw_fn(probs[random_rows], [batch.generators[i] for i in random_rows])

@@ -21,11 +21,17 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from minillm.sampling.sampler import draw
+from minillm.sampling.sampler import draw, row_argmax
 
-def _one_token(p: torch.Tensor) -> torch.Tensor:
-    """Per row of p [B, V]: True where it has a single nonzero entry (its token is certain, whatever the noise)."""
-    return (p > 0).sum(-1) == 1
+
+def _one_token(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of p [B, V]: its argmax, and True where that is its only positive entry (its token is certain,
+    whatever the noise). The rest of the row's maximum, not a count of p > 0: two fast reductions instead of
+    torch's slow ones (~70 instead of ~250 us for a greedy batch-1 step verifying 4 guesses)."""
+    top = row_argmax(p)
+    rows = torch.arange(p.shape[0], device=p.device)
+    rest = p.index_put((rows, top), torch.zeros((), dtype=p.dtype, device=p.device))
+    return (p[rows, top] > 0) & (rest.amax(-1) <= 0), top
 
 
 # The per-request rule lab07 replaces: (target_probs [k+1, V], draft_token_ids [k], draft_probs [k, V],
@@ -53,8 +59,9 @@ class RejectionSampler:
             raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected sum(k + 1) = {sum(ks) + len(ks)}")
         if self.rule is not None:
             return self._per_request(target_probs, draft_token_ids, draft_probs, generators)
-        if bool(_one_token(target_probs).all()):
-            return self._one_token_rows(target_probs, draft_token_ids, generators)
+        certain, top = _one_token(target_probs)
+        if bool(certain.all()):
+            return self._one_token_rows(top, draft_token_ids, generators, target_probs.dtype, target_probs.device)
         R, V, kmax = len(ks), target_probs.shape[1], max(ks, default=0)
         dev = target_probs.device                # every tensor of the verification on the engine's device
         k_t = torch.tensor(ks, dtype=torch.long, device=dev)
@@ -92,15 +99,16 @@ class RejectionSampler:
         last = self._final_tokens(final, generators).tolist()
         return [list(d[:a]) + [t] for d, a, t in zip(draft_token_ids, num_accepted.tolist(), last)]
 
-    def _one_token_rows(self, target_probs: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
-                        generators: Sequence[Optional[torch.Generator]]) -> list[list[int]]:
+    def _one_token_rows(self, tokens: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
+                        generators: Sequence[Optional[torch.Generator]], dtype: torch.dtype,
+                        device: torch.device) -> list[list[int]]:
         """Every row of p is one token (a batch of greedy requests): a draft is accepted exactly when it is its row's
         token (p(x) = 1 > u q(x), or p(x) = 0), and at the first rejection the residual max(p - q, 0) is that token
         again, whatever q was. The same tokens as the general rule without its ~20 small tensor ops (~0.35 ms of a
         greedy batch-1 step verifying 4 guesses); the uniforms are still drawn, so a seeded request's generator
         advances as it would there."""
-        self._uniforms([len(d) for d in draft_token_ids], generators, target_probs.dtype, target_probs.device)
-        tokens, out, start = target_probs.argmax(-1).tolist(), [], 0
+        self._uniforms([len(d) for d in draft_token_ids], generators, dtype, device)
+        tokens, out, start = tokens.tolist(), [], 0
         for drafts in draft_token_ids:
             a = next((j for j, x in enumerate(drafts) if x != tokens[start + j]), len(drafts))
             out.append(list(drafts[:a]) + [tokens[start + a]])
@@ -112,8 +120,8 @@ class RejectionSampler:
         """One token per row of `final`. A row with a single nonzero entry (every greedy request's) is that token
         whatever the noise, so only the other rows draw: V exponentials cost ~0.75 ms a row for a 49,152-token
         vocabulary, half the extra time of a greedy batch-1 step verifying one guess."""
-        tokens = final.argmax(-1)
-        rest = (~_one_token(final)).nonzero()[:, 0].tolist()
+        certain, tokens = _one_token(final)
+        rest = (~certain).nonzero()[:, 0].tolist()
         if rest:
             tokens[rest] = draw(final[rest], [generators[i] for i in rest])
         return tokens

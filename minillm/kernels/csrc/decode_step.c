@@ -17,10 +17,10 @@
    workers fall asleep between pieces (measured: OMP_WAIT_POLICY=passive 20 ms a token, active 9, default 11-14:
    wake-ups, not arithmetic). Here the team enters once and meets at a spinning barrier between pieces (nine per
    layer). Every thread keeps its own copy of the residual stream (bitwise equal: the same code on the same
-   inputs). The team splits the rows for the norms, SiLU and quantization (each row normed and quantized in one
-   pass, into codes every thread reads after a barrier) and each matmul's 24-column blocks; attention splits its
-   (sequence, kv head) tasks, and a task rotates and stores the q/k/v heads it owns, so no barrier separates RoPE
-   from attention.
+   inputs). The team splits the rows' 32-column blocks evenly for the norms, SiLU and quantization (each piece
+   normed and quantized in one pass, into codes every thread reads after a barrier) and each matmul's 24-column
+   blocks; attention splits its (sequence, kv head) tasks, and a task rotates and stores the q/k/v heads it owns,
+   so no barrier separates RoPE from attention.
 
    The matmuls run on qgemm.c's tiles at any number of rows, so a verification's k + 1 rows and a batch's rows get
    the arithmetic a plain step of them would. At 48 rows on SmolLM2 the step went from ~195 ms through the layers
@@ -55,6 +55,7 @@ void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_h
                                int64_t out_row_stride, int64_t out_head_stride, int64_t task);
 
 int minillm_qgemm_finite(const float *x, int64_t K);
+void minillm_exp_nonpositive(float *x, int64_t n);
 void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, const float *as, int64_t m0, int64_t m1,
                                 int64_t K, int64_t G, const uint8_t *wt, const uint16_t *d, const uint16_t *mn,
                                 int64_t nb0, int64_t nb1, float *y, int64_t ldy);
@@ -92,13 +93,19 @@ typedef struct {
 #define PAD_TN(n) (((n) + TN - 1) / TN * TN)
 
 
-static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *out) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+/* Columns [k0, k1) of rms_norm(x) * w (n wide) into out[0, k1 - k0). */
+static const float *norm_part(const float *x, const float *w, int64_t n, float eps, int64_t k0, int64_t k1,
+                              float *out) {
+    float acc[16] = {0}, ss = 0.0f;      /* 16 running sums (vector lanes), not one dependent add per value */
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += x[i + j] * x[i + j];
+    for (int j = 0; j < 16; j++) ss += acc[j];
+    for (; i < n; i++) ss += x[i] * x[i];
     const float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+    for (i = k0; i < k1; i++) out[i - k0] = x[i] * r * w[i];
+    return out;
 }
-
 /* x = [x1, x2] (halves of head_dim) -> x * cos + [-x2, x1] * sin, cos/sin of the row's position. */
 static void rotate(float *x, const float *cos, const float *sin, int64_t d) {
     const int64_t h = d / 2;
@@ -209,40 +216,57 @@ static void add_rows(float *x, const float *y, int64_t M, int64_t E, int64_t ldy
         for (int64_t i = 0; i < E; i++) x[m * E + i] += y[m * ldy + i];
 }
 
-/* One matmul's input: this thread's rows [r0, r1), each made by `row` (into tmp, K floats, where it
-   is computed) and quantized into the shared codes; then the barrier, after which every thread sees whether any
-   row was NaN/inf (returns 1: the whole team leaves the step together). */
-typedef const float *(*row_fn)(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp);
+/* One matmul's input: the rows' 32-column blocks, in row order, split evenly over the team (a thread's share may
+   start or end inside a row); `make` computes columns [k0, k1) of row m (into tmp where it is computed), which are
+   quantized into the codes all threads share. Then the barrier, after which every thread sees whether any row was
+   NaN/inf (returns 1: the whole team leaves the step together). Whole rows per thread left one thread idle at
+   batch 1 (the SiLU of a batch-1 step, 0.24 of its ~3 ms, ran on thread 0 alone) and a 3/2 split at 5 rows. */
+typedef const float *(*row_fn)(const step_ctx *c, int64_t l, int64_t m, int64_t k0, int64_t k1, const float *x_row,
+                               float *tmp);
 
-static const float *row_input_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+static const float *row_input_norm(const step_ctx *c, int64_t l, int64_t m, int64_t k0, int64_t k1,
+                                   const float *x_row, float *tmp) {
     (void)m;
-    rms_norm(x_row, c->layers[l].input_norm, c->E, c->eps, tmp);
-    return tmp;
+    return norm_part(x_row, c->layers[l].input_norm, c->E, c->eps, k0, k1, tmp);
 }
-static const float *row_post_norm(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+static const float *row_post_norm(const step_ctx *c, int64_t l, int64_t m, int64_t k0, int64_t k1,
+                                  const float *x_row, float *tmp) {
     (void)m;
-    rms_norm(x_row, c->layers[l].post_norm, c->E, c->eps, tmp);
-    return tmp;
+    return norm_part(x_row, c->layers[l].post_norm, c->E, c->eps, k0, k1, tmp);
 }
-static const float *row_attn_out(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
-    (void)l; (void)x_row; (void)tmp;
-    return c->mid + m * c->H * c->D;
+static const float *row_attn_out(const step_ctx *c, int64_t l, int64_t m, int64_t k0, int64_t k1,
+                                 const float *x_row, float *tmp) {
+    (void)l; (void)k1; (void)x_row; (void)tmp;
+    return c->mid + m * c->H * c->D + k0;
 }
-static const float *row_silu(const step_ctx *c, int64_t l, int64_t m, const float *x_row, float *tmp) {
+/* silu(g) * u with sigmoid(g) from e = exp(-|g|) (1 / (1 + e) for g >= 0, e / (1 + e) below): exp of a
+   non-positive argument only, 8 lanes at a time (paged_decode.c's), where a scalar expf per element took ~0.7 ms
+   of a 5-row step. A NaN or inf g gives a NaN or inf product, which the finiteness check then sees. */
+static const float *row_silu(const step_ctx *c, int64_t l, int64_t m, int64_t k0, int64_t k1, const float *x_row,
+                             float *tmp) {
     (void)l; (void)x_row;
-    const float *g = c->big + m * c->ldg, *u = g + c->I;
-    for (int64_t i = 0; i < c->I; i++) tmp[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    const float *g = c->big + m * c->ldg + k0, *u = g + c->I;
+    const int64_t n = k1 - k0;
+    for (int64_t i = 0; i < n; i++) tmp[i] = -fabsf(g[i]);
+    minillm_exp_nonpositive(tmp, n);
+    for (int64_t i = 0; i < n; i++) {
+        const float e = tmp[i];
+        tmp[i] = g[i] * ((g[i] >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
+    }
     return tmp;
 }
 
-static int quantize_shared(step_ctx *c, int64_t l, row_fn make, int64_t K, const float *xs, float *tmp,
-                           int64_t r0, int64_t r1, int *sense) {
-    const int64_t nb = K / 32;
+static int quantize_shared(step_ctx *c, int64_t l, row_fn make, int64_t K, const float *xs, float *tmp, int t,
+                           int nt, int *sense) {
+    const int64_t nb = K / 32, total = c->M * nb, b1 = (t + 1) * total / nt;
     int bad = 0;
-    for (int64_t m = r0; m < r1; m++) {
-        const float *row = make(c, l, m, xs + m * c->E, tmp);
-        bad |= !minillm_qgemm_finite(row, K);
-        minillm_qgemm_quantize(row, 1, K, K, 32, c->taq + m * K, c->tad + m * nb, c->tas + m * nb, c->tgs + m * nb);
+    for (int64_t b = t * total / nt; b < b1;) {
+        const int64_t m = b / nb, k0 = b - m * nb, k1 = b1 - m * nb < nb ? b1 - m * nb : nb;
+        const float *part = make(c, l, m, 32 * k0, 32 * k1, xs + m * c->E, tmp);
+        bad |= !minillm_qgemm_finite(part, 32 * (k1 - k0));
+        minillm_qgemm_quantize(part, 1, 32 * (k1 - k0), K, 32, c->taq + m * K + 32 * k0, c->tad + m * nb + k0,
+                               c->tas + m * nb + k0, c->tgs + m * nb + k0);
+        b = m * nb + k1;
     }
     if (bad) atomic_store(&c->bad, 1);
     barrier(&c->bar, sense);
@@ -256,25 +280,24 @@ static void gemm_tiles(const step_ctx *c, const mll_tiles *w, int64_t K, float *
                                w->mins, t * nblocks / nt, (t + 1) * nblocks / nt, y, ldy);
 }
 
-/* One layer. Rows are split over the team for the norms, SiLU and quantization (each input quantized once, into
-   codes all threads read), and each matmul's 24-column blocks. */
+/* One layer. The rows' 32-column blocks are split over the team for the norms, SiLU and quantization (each input
+   quantized once, into codes all threads read), and each matmul's 24-column blocks. */
 static int layer_tiles(step_ctx *c, int64_t l, float *xs, float *tmp, int t, int nt, int *sense) {
     const mll_layer_tiles *pk = c->tiles + l;
-    const int64_t M = c->M, E = c->E, per = (M + nt - 1) / nt;
-    const int64_t r0 = t * per < M ? t * per : M, r1 = (t + 1) * per < M ? (t + 1) * per : M;
-    if (quantize_shared(c, l, row_input_norm, E, xs, tmp, r0, r1, sense)) return 1;
+    const int64_t M = c->M, E = c->E;
+    if (quantize_shared(c, l, row_input_norm, E, xs, tmp, t, nt, sense)) return 1;
     gemm_tiles(c, &pk->qkv, E, c->big, c->ldq, t, nt);
     barrier(&c->bar, sense);
     attention(c, l, sense);
     barrier(&c->bar, sense);
-    if (quantize_shared(c, l, row_attn_out, c->H * c->D, xs, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_attn_out, c->H * c->D, xs, tmp, t, nt, sense)) return 1;
     gemm_tiles(c, &pk->o, c->H * c->D, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
     add_rows(xs, c->out, M, E, c->lde);
-    if (quantize_shared(c, l, row_post_norm, E, xs, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_post_norm, E, xs, tmp, t, nt, sense)) return 1;
     gemm_tiles(c, &pk->gate_up, E, c->big, c->ldg, t, nt);
     barrier(&c->bar, sense);
-    if (quantize_shared(c, l, row_silu, c->I, xs, tmp, r0, r1, sense)) return 1;
+    if (quantize_shared(c, l, row_silu, c->I, xs, tmp, t, nt, sense)) return 1;
     gemm_tiles(c, &pk->down, c->I, c->out, c->lde, t, nt);
     barrier(&c->bar, sense);
     add_rows(xs, c->out, M, E, c->lde);
@@ -360,7 +383,7 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
         }
         if (t == 0 && !stopped) {
             if (final_norm)
-                for (int64_t m = 0; m < M; m++) rms_norm(xs + m * E, final_norm, E, dims->eps, x + m * E);
+                for (int64_t m = 0; m < M; m++) norm_part(xs + m * E, final_norm, E, dims->eps, 0, E, x + m * E);
             else
                 memcpy(x, xs, sizeof(float) * (size_t)(M * E));
         }

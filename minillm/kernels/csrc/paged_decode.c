@@ -52,6 +52,19 @@ static inline v8f exp8(v8f x) {
     return select8(under, splat(0.0f), p * scale);
 }
 
+/* x[i] = e^x[i] in place for x[i] <= 0, 8 at a time: the fused decode step's SiLU (decode_step.c) builds its
+   sigmoid on it. */
+void minillm_exp_nonpositive(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) store8(x + i, exp8(load8(x + i)));
+    if (i < n) {
+        float rest[8] = {0};
+        for (int64_t j = i; j < n; j++) rest[j - i] = x[j];
+        const v8f e = exp8(load8(rest));
+        for (int64_t j = i; j < n; j++) x[j] = e[j - i];
+    }
+}
+
 /* Lane i of the result is the sum of the lanes of x_i (four horizontal sums in one reduction tree). */
 static inline v8f hsum4(v8f x0, v8f x1, v8f x2, v8f x3) {
     v8f a = __builtin_shufflevector(x0, x1, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(x0, x1, 2, 3, 10, 11, 6, 7, 14, 15);

@@ -487,9 +487,15 @@ void minillm_qgemm_tiles_blocks(int kind, const int16_t *aq, const float *ad, co
 /* 1 when x[0..K) is all finite: a NaN or inf would quantize to garbage codes (fmaxf skips NaN), so a caller hands
    such rows to the float product, which propagates them. */
 int minillm_qgemm_finite(const float *x, int64_t K) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; k++) acc += x[k] * 0.0f;      /* 0 for finite values, NaN for NaN or inf */
-    return acc == 0.0f;
+    /* an all-ones exponent field is NaN or inf; an OR over the lanes vectorizes, where a float sum of x * 0 was one
+       dependent add per value (~1 ns each: a tenth of a 5-row decode step's SiLU) */
+    uint32_t bad = 0;
+    for (int64_t k = 0; k < K; k++) {
+        uint32_t bits;
+        memcpy(&bits, x + k, sizeof bits);
+        bad |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
 }
 
 int minillm_qgemm_simd(void) { return QG_AVX2; }
