@@ -137,11 +137,15 @@ def test_spec_bench_accounting_on_a_tiny_model():
     for run in runs:
         base = next(b for b in runs if b["proposer"] == "none" and (b["task"], b["batch"]) == (run["task"], run["batch"]))
         assert run["speedup"] == pytest.approx(run["tok_s"] / base["tok_s"], rel=1e-2)
+        assert run["decode_speedup"] == pytest.approx(run["decode_tok_s"] / base["decode_tok_s"], rel=1e-2)
+        # the decode phase: every token after a request's first, in less time than the whole run took
+        assert run["decode_tokens"] == run["output_tokens"] - (2 if run["batch"] == 1 else 3)
+        assert 0 < run["decode_seconds"] < run["seconds"] + 5e-4
         assert run["same_text"] is True and run["output_tokens"] == base["output_tokens"]
         if run["proposer"] != "none":
             assert run["expected_speedup"] > 0 and (run["speedup"] >= 1 or run["why"])
     table = format_spec_bench(r)
-    assert "layer_skip" in table and "speedup" in table
+    assert "layer_skip" in table and "speedup" in table and "decode" in table
     with pytest.raises(ValueError, match="unknown proposer"):
         run_spec_bench(loaded, EngineConfig(), SpecBenchConfig(proposers=("medusa",)), progress=False)
     with pytest.raises(ValueError, match="--repeat"):

@@ -197,8 +197,9 @@ BENCHES: dict[str, Bench] = {b.name: b for b in [
     Bench("spec", "speculative decoding's acceptance and speedup per task, proposer, k and batch size",
           measures="output tok/s, acceptance (overall and per draft position) and tokens per verification step for "
                    "each --tasks x --proposers x --k x --batch-sizes, greedy, on a fresh engine each",
-          compares="plain decoding of the same prompts at the same batch size ('speedup', identical text checked), "
-                   "and the speedup expected from the measured acceptance and draft cost; each slowdown says why",
+          compares="plain decoding of the same prompts at the same batch size ('speedup', identical text checked; "
+                   "'decode': the same after the prompts' prefill, which speculation cannot shorten), and the speedup "
+                   "expected from the measured acceptance and draft cost; each slowdown says why",
           duration="~15 min for the full grid; ~1 min with the small example",
           examples=(("minillm bench spec --proposers ngram --k 4 --batch-sizes 1 --tasks rewrite chat", "~1 min"),
                     ("minillm bench spec --plot spec.png", "3 tasks x 3 proposers x k 2,4,8 x batch 1,16: ~15 min")),

@@ -9,7 +9,10 @@ Each runs greedy through the same engine without speculation (the baseline) and 
 is the reference, so the table also says whether speculation changed a single token.
 
 Numbers: acceptance (accepted / drafted), tokens per target step (output tokens / engine steps), output tokens/s
-over the whole run (prefill included), the speedup over the baseline, and the speedup speculative_math expects
+over the whole run (prefill included), the speedup over the baseline, the same speedup for the decode phase alone
+(output tokens after each request's first, over the time after the last request of a group had its first token:
+speculation cannot shorten a prefill, so a task with long prompts shows a gap between the two), and the speedup
+speculative_math expects
 from the measured acceptance and draft cost, assuming verifying k + 1 tokens costs one plain step. Where the
 measurement falls short of that, the verification step costs more than a plain one (printed as `verify`). A
 separate measurement times steps that verify exactly k + 1 tokens for every sequence against plain steps, per batch
@@ -136,6 +139,8 @@ class Run:
     output_tokens: int
     seconds: float
     steps: int
+    decode_tokens: int = 0        # output tokens after each request's first, over ...
+    decode_seconds: float = 0.0   # ... the time after a group's last first token (prefill excluded)
     draft_seconds: float = 0.0
     draft_tokens: int = 0
     verify_steps: int = 0    # verifications: a sequence's guesses checked in a step (a step of 16 can hold 16)
@@ -152,11 +157,27 @@ class Run:
     def tokens_per_step(self) -> float:
         return self.output_tokens / self.steps
 
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
-def run_once(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[int, float, int, list]:
+
+@dataclass
+class Totals:
+    """What run_once measured: output tokens, seconds and engine steps over the whole run, the texts, and the
+    decode phase's tokens and seconds (after each group's last first token)."""
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    texts: list[str] = field(default_factory=list)
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+
+def run_once(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> Totals:
     """The prompts through the engine, `batch` at a time (all of a batch arriving together); greedy."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    tokens, seconds, steps, texts = 0, 0.0, 0, []
+    t = Totals()
     for i in range(0, len(prompts), batch):
         group = prompts[i:i + batch]
         done = {}
@@ -166,11 +187,14 @@ def run_once(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens
             for out in engine.step():
                 if out.finished:
                     done[out.request_id] = out
-        seconds += time.perf_counter() - t0
-        steps += engine.num_steps - s0
-        tokens += sum(len(done[r].token_ids) for r in ids)
-        texts += [done[r].text for r in ids]
-    return tokens, seconds, steps, texts
+        end = time.perf_counter()
+        t.seconds += end - t0
+        t.steps += engine.num_steps - s0
+        t.tokens += sum(len(done[r].token_ids) for r in ids)
+        t.texts += [done[r].text for r in ids]
+        t.decode_tokens += sum(len(done[r].token_ids) - 1 for r in ids)
+        t.decode_seconds += end - max(done[r].metrics.first_token_time for r in ids)
+    return t
 
 
 def make_engine(loaded, config: EngineConfig, proposer: str | None, k: int | str, draft, draft_layers: int
@@ -255,8 +279,9 @@ def _measure(loaded, config: EngineConfig, bc: SpecBenchConfig, item: tuple, pro
     task, batch, proposer, k = item
     engine = make_engine(loaded, config, proposer, k, draft, bc.draft_layers)
     engine.warm_up()
-    tokens, seconds, steps, texts = run_once(engine, prompts, batch, bc.max_tokens)
-    r = Run(task, proposer or "none", k, batch, tokens, seconds, steps, texts=texts)
+    t = run_once(engine, prompts, batch, bc.max_tokens)
+    r = Run(task, proposer or "none", k, batch, t.tokens, t.seconds, t.steps, t.decode_tokens, t.decode_seconds,
+            texts=t.texts)
     if proposer is not None:
         s = engine.spec.stats
         r.draft_seconds, r.draft_tokens, r.verify_steps = engine.spec.proposer.seconds, s.num_draft_tokens, s.num_steps
@@ -314,7 +339,9 @@ def summarize(r: Run, base: Run) -> dict:
     out = {"task": r.task, "proposer": r.proposer, "k": r.k, "batch": r.batch, "output_tokens": r.output_tokens,
            "seconds": round(r.seconds, 3), "steps": r.steps, "tok_s": round(r.tok_s, 2),
            "tokens_per_step": round(r.tokens_per_step, 3), "baseline_tok_s": round(base.tok_s, 2),
-           "speedup": round(r.tok_s / base.tok_s, 3), "same_text": r.texts == base.texts}
+           "speedup": round(r.tok_s / base.tok_s, 3), "decode_tokens": r.decode_tokens,
+           "decode_seconds": round(r.decode_seconds, 4), "decode_tok_s": round(r.decode_tok_s, 2),
+           "decode_speedup": round(r.decode_tok_s / base.decode_tok_s, 3), "same_text": r.texts == base.texts}
     if r.proposer == "none":
         return out
     base_step = base.seconds / base.steps                       # one plain step at this batch size
@@ -358,22 +385,25 @@ def format_spec_bench(result: dict) -> str:
              f"max_tokens {result['settings']['max_tokens']} (batch 1: {result['settings']['batch1_requests']} "
              f"requests one after the other)",
              f"{'task':8s} {'batch':>5s} {'proposer':12s} {'k':>4s} {'accept':>7s} {'tok/step':>8s} {'tok/s':>7s} "
-             f"{'speedup':>7s} {'expect':>7s} {'draft':>6s} {'verify':>6s}  same"]
+             f"{'speedup':>7s} {'decode':>7s} {'expect':>7s} {'draft':>6s} {'verify':>6s}  same"]
     for r in result["runs"]:
         if r["proposer"] == "none":
             lines.append(f"{r['task']:8s} {r['batch']:5d} {'(none)':12s} {'':>4s} {'':>7s} {r['tokens_per_step']:8.2f} "
-                         f"{r['tok_s']:7.1f} {'1.00x':>7s}")
+                         f"{r['tok_s']:7.1f} {'1.00x':>7s} {'1.00x':>7s}")
             continue
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
         lines.append(f"{r['task']:8s} {r['batch']:5d} {r['proposer']:12s} {str(r['k']):>4s} {acc:>7s} "
-                     f"{r['tokens_per_step']:8.2f} {r['tok_s']:7.1f} {r['speedup']:6.2f}x {r['expected_speedup']:6.2f}x "
-                     f"{r['draft_cost']:6.2f} {r['verify_cost']:6.2f}  {'yes' if r['same_text'] else 'NO'}")
+                     f"{r['tokens_per_step']:8.2f} {r['tok_s']:7.1f} {r['speedup']:6.2f}x {r['decode_speedup']:6.2f}x "
+                     f"{r['expected_speedup']:6.2f}x {r['draft_cost']:6.2f} {r['verify_cost']:6.2f}  "
+                     f"{'yes' if r['same_text'] else 'NO'}")
     slow = [r for r in result["runs"] if r.get("why")]
     if slow:
         lines.append("\nslower with speculation, and why:")
         for r in slow:
             lines.append(f"  {r['task']}/{r['proposer']}/k={r['k']}/batch {r['batch']} ({r['speedup']:.2f}x): {r['why']}")
-    lines.append("\ndraft: one drafted token's cost in plain target steps; verify: a speculative step's target "
+    lines.append("\nspeedup: output tok/s over the whole run, prefill included; decode: the same after each group's "
+                 "last first token (speculation cannot shorten a prefill: long prompts widen the gap). "
+                 "draft: one drafted token's cost in plain target steps; verify: a speculative step's target "
                  "work (drafting excluded) in plain steps (auto: over all its steps, plain ones included); expect: "
                  "speculative_math.expected_speedup(acceptance, k, draft), which assumes verify = 1 (auto: k = the "
                  "mean guesses per verifying step).")
