@@ -90,7 +90,9 @@ def time_prefill(engine: LLMEngine, n: int, repeats: int = 3, record: list | Non
     median of `repeats` runs; `record` receives each run's seconds."""
     if engine.config.scheduler.max_num_batched_tokens < n:
         raise ValueError(f"a {n}-token prefill needs max_num_batched_tokens >= {n}")
-    engine.warm_up()    # the lazy copies a prompt past 64 rows builds (~250 ms once) stay out of the first repeat
+    warm = _prompt(engine, n)
+    warm[0] = 99                # a first block none of the timed prompts share (theirs start at 100 + r)
+    _run(engine, warm, 1)       # untimed: what a prefill this long builds once (the int16 copy past 64 rows, ~250 ms)
     times = []
     for r in range(repeats):
         ids = _prompt(engine, n)
