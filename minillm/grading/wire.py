@@ -389,8 +389,10 @@ class Channel:
                 self._serve(message)
                 continue
             kind, payload, changes = message[1], message[2], message[3]
+            # the same walk as the other side's, once per reply (once per change made it quadratic: a call drawing
+            # for a batch of a few thousand generators spent a minute here)
+            targets = _mutables((args, kwargs or {}), [], set()) if changes else []
             for index, value in changes:
-                targets = _mutables((args, kwargs or {}), [], set())
                 if 0 <= index < len(targets):
                     _apply(targets[index], value)
             if self.held is not None and not self.trusted_peer:
