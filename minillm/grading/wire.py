@@ -124,12 +124,17 @@ def _tensor_state(t: torch.Tensor, memo: dict) -> tuple:
             t.storage_offset())
 
 
+_ATOMS = frozenset((type(None), bool, int, float, str, bytes, tuple))
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, channel: "Channel", shared: Any = None) -> None:
         super().__init__(file, protocol=5)
         self.ch, self.shared, self.memo_storage = channel, shared, {}
 
     def persistent_id(self, obj: Any) -> Any:
+        if type(obj) in _ATOMS:     # most of a message: none of the checks below applies to them (each costs)
+            return None
         if isinstance(obj, (Proxy, Method)):
             if obj._ch is not self.ch:
                 raise pickle.PicklingError("a reference of another channel cannot be sent")
