@@ -125,3 +125,31 @@ def test_cpu_kernel_addresses_rows_in_place():
     assert (out[untouched] == 7.0).all()
     with pytest.raises(ValueError, match="out must be"):
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, bs, 0.25, rows=rows, out=out[:, :3])
+
+
+@pytest.mark.parametrize("seqs", [[(0, 40), (7, 5), (12, 1)], [(0, 530), (3, 1)], [(20, 515), (0, 9)]])
+def test_cpu_backend_sends_short_prefill_chunks_through_the_kernel(seqs, monkeypatch):
+    """Chunks of up to PAGED_PREFILL_MAX_ROWS tokens are a kernel row per token (torch's flash attention never
+    runs for them); longer ones go through torch. Both equal dense attention, fresh prompts and cached context."""
+    import minillm.layers.attention as attention
+    calls = []
+    real = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda q, *a, **k: calls.append(q.shape[-2]) or real(q, *a, **k))
+    out, ref = run_backend(CpuAttentionBackend(), 4, 2, 16, 4, torch.float32, seqs, 0)
+    assert (out - ref).abs().max().item() <= TOL[torch.float32]
+    assert calls == [n for _, n in seqs if n > attention.PAGED_PREFILL_MAX_ROWS]
+
+
+def test_cpu_backend_leaves_prefill_to_a_learners_attend_fn():
+    """The lab01 seam: an attend_fn given to the CPU backend sees every prefill chunk, as the torch backend's does."""
+    from minillm.layers.attention import causal_attend
+    seen = []
+
+    def attend(q, k, v, scale):
+        seen.append(q.shape[0])
+        return causal_attend(q, k, v, scale)
+    out, ref = run_backend(CpuAttentionBackend(attend_fn=attend), 4, 2, 16, 4, torch.float32,
+                           [(0, 6), (5, 3), (9, 1)], 1)
+    assert (out - ref).abs().max().item() <= TOL[torch.float32]
+    assert seen == [6, 3]
