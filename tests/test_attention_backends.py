@@ -127,10 +127,12 @@ def test_cpu_kernel_addresses_rows_in_place():
         paged_attention_decode_cpu(q, k_slots, v_slots, tables, lens, bs, 0.25, rows=rows, out=out[:, :3])
 
 
-@pytest.mark.parametrize("seqs", [[(0, 40), (7, 5), (12, 1)], [(0, 530), (3, 1)], [(20, 515), (0, 9)]])
+@pytest.mark.parametrize("seqs", [[(0, 40), (7, 5), (12, 1)], [(0, 530), (3, 1)], [(20, 515), (0, 9)],
+                                  [(600, 50), (300, 100), (500, 100), (2, 510)]])
 def test_cpu_backend_sends_short_prefill_chunks_through_the_kernel(seqs, monkeypatch):
-    """Chunks of up to PAGED_PREFILL_MAX_ROWS tokens are a kernel row per token (torch's flash attention never
-    runs for them); longer ones go through torch. Both equal dense attention, fresh prompts and cached context."""
+    """Chunks of up to PAGED_PREFILL_MAX_ROWS tokens, or whose sequence is at most PAGED_PREFILL_MAX_LEN tokens, are
+    a kernel row per token (torch's flash attention never runs for them); the others go through torch. Both equal
+    dense attention, fresh prompts and cached context."""
     import minillm.layers.attention as attention
     calls = []
     real = attention.F.scaled_dot_product_attention
@@ -138,7 +140,8 @@ def test_cpu_backend_sends_short_prefill_chunks_through_the_kernel(seqs, monkeyp
                         lambda q, *a, **k: calls.append(q.shape[-2]) or real(q, *a, **k))
     out, ref = run_backend(CpuAttentionBackend(), 4, 2, 16, 4, torch.float32, seqs, 0)
     assert (out - ref).abs().max().item() <= TOL[torch.float32]
-    assert calls == [n for _, n in seqs if n > attention.PAGED_PREFILL_MAX_ROWS]
+    assert calls == [n for c, n in seqs
+                     if n > attention.PAGED_PREFILL_MAX_ROWS and c + n > attention.PAGED_PREFILL_MAX_LEN]
 
 
 def test_cpu_backend_leaves_prefill_to_a_learners_attend_fn():

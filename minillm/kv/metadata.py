@@ -75,12 +75,14 @@ class AttentionMetadata:
         return self.memo("decode_row_index", lambda: torch.tensor(
             self.decode_rows()[0], dtype=torch.int64, device=self.block_tables.device))
 
-    def token_rows(self, max_query: int) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tokens of the sequences with at most max_query new tokens, each a query row of its own that attends
-        over its position and those before it (for a kernel that takes one query row per task): (those sequences'
-        first rows, the rows [R] int64, their sequences' block tables [R, max_blocks], positions attended [R])."""
+    def token_rows(self, max_query: int, max_len: int = 0
+                   ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tokens of the sequences with at most max_query new tokens or at most max_len tokens in all, each a
+        query row of its own that attends over its position and those before it (for a kernel that takes one query
+        row per task): (those sequences' first rows, the rows [R] int64, their sequences' block tables
+        [R, max_blocks], positions attended [R])."""
         def build():
-            idx = [i for i, n in enumerate(self.query_lens) if n <= max_query]
+            idx = [i for i, (n, s) in enumerate(zip(self.query_lens, self.seq_lens)) if n <= max_query or s <= max_len]
             if all(self.query_lens[i] == 1 for i in idx):
                 rows, tables, lens = self.decode_rows()
                 return rows, self.decode_row_index(), tables, lens
@@ -92,7 +94,7 @@ class AttentionMetadata:
                                                               dim=0)
             return ([self.query_start[i] for i in idx], torch.tensor(rows, dtype=torch.int64, device=device), tables,
                     torch.tensor(lens, dtype=torch.int64, device=device))
-        return self.memo(("token_rows", max_query), build)
+        return self.memo(("token_rows", max_query, max_len), build)
 
     def context_slots(self, i: int) -> torch.Tensor:
         """Flat slots of positions 0..seq_lens[i]-1 of sequence i."""

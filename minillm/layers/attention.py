@@ -203,16 +203,20 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return set(rows)
 
 
-# Prefill chunks of up to this many tokens go through the paged kernel too, a query row per token, each reading its
-# context from the pool. torch's flash attention on a fresh 160-token prompt took 2.1x the kernel's time (SmolLM2's
-# layer shapes, 2 threads), 1.4x at 512 and was level at 1024: the kernel's work grows with the square of the chunk
-# (every row rereads the rows before it) where flash attention's tiles reuse them.
-PAGED_PREFILL_MAX_ROWS = 512
+# Which prefill chunks go through the paged kernel too, a query row per token, each reading its context from the
+# pool: those of at most PAGED_PREFILL_MAX_ROWS tokens (whatever their context), and those whose sequence, context
+# and chunk together, is at most PAGED_PREFILL_MAX_LEN tokens. Against torch's flash attention over the gathered
+# context (the backend's whole attention, SmolLM2's layer shapes, 2 threads): fresh prompts of 160 and 512 tokens
+# 0.75x and 0.82x the time, 768 1.04x; 8 / 32 / 64 new tokens after 4,096 / 4,096 / 8,000 cached 0.21x / 0.71x /
+# 0.79x; but 256 after 1,024 1.22x and 512 after 1,536 1.13x. Every row rereads the keys before it, where flash
+# attention's tiles reuse them across rows, so long chunks over long contexts keep torch's.
+PAGED_PREFILL_MAX_ROWS = 64
+PAGED_PREFILL_MAX_LEN = 512
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """Decode, and prefill chunks of up to PAGED_PREFILL_MAX_ROWS tokens, through the compiled CPU PagedAttention
-    kernel (C, or numba for decode only); longer prefill chunks through the torch path.
+    """Decode, and the prefill chunks PAGED_PREFILL_MAX_ROWS / PAGED_PREFILL_MAX_LEN take, through the compiled CPU
+    PagedAttention kernel (C, or numba for decode only); other prefill chunks through the torch path.
 
     The kernel reads K/V in place through the block tables, like the Triton kernel on a GPU; torch can only
     gather a copy first. Falls back to the torch groups where the kernel does not apply (bf16 queries, a bf16 pool,
@@ -238,7 +242,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         # a learner's attend_fn (the lab01 seam) still sees every prefill chunk; so does the numba build, which is
         # slower than torch's flash attention on many rows
         prefill = self.attend_fn is None and cpu_native.load() is not None
-        starts, rows, tables, lens = meta.token_rows(PAGED_PREFILL_MAX_ROWS if prefill else 1)
+        starts, rows, tables, lens = (meta.token_rows(PAGED_PREFILL_MAX_ROWS, PAGED_PREFILL_MAX_LEN) if prefill
+                                      else meta.token_rows(1))
         if not starts:
             return set()
         # every layer of the step reads the same tables: bounds-check them once
