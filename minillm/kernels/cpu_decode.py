@@ -201,9 +201,9 @@ _ERRORS = {-2: (IndexError, "slot_mapping has a slot outside the KV pool's {slot
 
 
 def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], input_ids: torch.Tensor,
-        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_lens: list[int],
-        block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int, vocab_size: int,
-        rows_share: bool = False) -> torch.Tensor | None:
+        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        seq_lens: list[int] | torch.Tensor, block_tables: torch.Tensor, slot_mapping: torch.Tensor, block_size: int,
+        vocab_size: int, rows_share: bool = False) -> torch.Tensor | None:
     """The normed final hidden states [T, hidden] of a decode step, or None where the step does not apply (the
     caller runs the layers). Row t is one token: it writes its K/V at slot_mapping[t] and attends over seq_lens[t]
     positions through block_tables[t] (one row per token: rows_share when some rows are one sequence's, as a
@@ -216,7 +216,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
     lib = load()
     tiles = _tiles(w, plan)
     num_slots = k_cache.shape[2]
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    lens = torch.as_tensor(seq_lens, dtype=torch.int64).contiguous()
     tables = block_tables.to(torch.int64).contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
     ids = input_ids.to(torch.int64).contiguous()
@@ -239,7 +239,7 @@ def run(w: DecodeWeights, embed_tokens: Callable[[torch.Tensor], torch.Tensor], 
         return None
     if rc in _ERRORS:
         err, text = _ERRORS[rc]
-        raise err(text.format(slots=num_slots, width=tables.shape[1] * block_size, lens=seq_lens,
+        raise err(text.format(slots=num_slots, width=tables.shape[1] * block_size, lens=lens.tolist(),
                               blocks=num_slots // block_size, vocab=vocab_size - 1)
                   + f" (slot_mapping {slots.tolist()}, block_tables {tables.tolist()})")
     global FUSED_STEPS

@@ -66,7 +66,8 @@ class AttentionMetadata:
         """Query rows of the step's decode tokens, their block tables and context lengths (for decode kernels)."""
         def build():
             idx = [i for i, n in enumerate(self.query_lens) if n == 1]
-            return ([self.query_start[i] for i in idx], self.block_tables[idx],
+            every = len(idx) == len(self.query_lens)       # a decode step: the tables as they are, no copy
+            return ([self.query_start[i] for i in idx], self.block_tables if every else self.block_tables[idx],
                     torch.tensor([self.seq_lens[i] for i in idx], dtype=torch.int64, device=self.block_tables.device))
         return self.memo("decode_rows", build)
 

@@ -258,20 +258,10 @@ def fused_decode(model: LlamaModel, input_ids: torch.Tensor, positions: torch.Te
     if weights is None or cache.k.shape[0] != len(weights.layers):
         return None
     ctx.cos, ctx.sin = model.rotary.cos_sin(positions, meta.query_lens, meta.seq_lens)
-    seq_lens, tables = token_rows(meta)
-    return cpu_decode.run(weights, model.embed_tokens, input_ids, ctx.cos, ctx.sin, cache.k, cache.v, seq_lens,
+    _, _, tables, lens = meta.token_rows(FUSED_MAX_QUERY)      # every token a row (all sequences qualify here)
+    return cpu_decode.run(weights, model.embed_tokens, input_ids, ctx.cos, ctx.sin, cache.k, cache.v, lens,
                           tables, meta.slot_mapping, meta.block_size, model.cfg.vocab_size,
-                          rows_share=len(seq_lens) > len(meta.query_lens))
-
-
-def token_rows(meta) -> tuple[list[int], torch.Tensor]:
-    """Per token of the step: how many positions it attends over (its own and those before it) and its
-    sequence's block table. A sequence of q new tokens and seq_len s gives rows s - q + 1, ..., s."""
-    if all(q == 1 for q in meta.query_lens):
-        return meta.seq_lens, meta.block_tables
-    lens = [s - q + j + 1 for q, s in zip(meta.query_lens, meta.seq_lens) for j in range(q)]
-    counts = torch.tensor(meta.query_lens, device=meta.block_tables.device)
-    return lens, meta.block_tables.repeat_interleave(counts, dim=0)
+                          rows_share=len(lens) > len(meta.query_lens))
 
 
 def micro_batches(inputs: StepInputs, n: int):
