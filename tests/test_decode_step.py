@@ -139,6 +139,7 @@ def test_a_swapped_weight_is_used_at_the_next_step(monkeypatch):
 @example(seqs=[(12, 5)], block_size=4, kv_heads=2, spec="int4", seed=0)         # batch 1 verifying 4 guesses: tiles
 @example(seqs=[(7, 2)], block_size=8, kv_heads=1, spec="int8", seed=1)          # 2 rows of one sequence: C kernel
 @example(seqs=[(3, 1), (30, 9), (0, 1), (15, 4)], block_size=4, kv_heads=4, spec="int4", seed=2)
+@example(seqs=[(70, 9), (1, 1), (45, 3)], block_size=32, kv_heads=2, spec="int4", seed=3)    # chunks inside blocks
 def test_verification_rows_of_one_sequence_equal_the_layers(seqs, block_size, kv_heads, spec, seed):
     """A speculative step's k + 1 tokens of a sequence are rows of the fused step too, each attending over the
     context and the rows before it (keys stored by other tasks: all are stored before any row attends). Equal to

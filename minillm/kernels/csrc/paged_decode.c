@@ -210,6 +210,78 @@ void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_h
                 head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, task);
 }
 
+/* R rows that read one block table (a verification step's k + 1 tokens of a sequence, each attending over its own
+   seq_len: lens[0..R)) against kv head h, in one pass over the keys and values: the R x G query heads are scored
+   as one group, so each chunk of K and V is read once for all of them instead of once per row. Row r is
+   q[(r0 + r)]; positions at or past lens[r] score -inf (probability 0: they add exact zeros). A row's sums are a
+   per-row task's, chunk for chunk; only the last partial chunk may take the four-row path where the per-row task
+   took the one-row path (the same products, another order of the final additions). R * G <= MAX_GROUP
+   (minillm_paged_decode_rows_max). */
+void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, int64_t r0, int R,
+                                    const float *k, const float *v, const int64_t *table, const int64_t *lens,
+                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                                    int64_t block_size, float scale, float *out, int64_t out_row_stride,
+                                    int64_t out_head_stride, int64_t h) {
+    const int G = (int)(num_heads / num_kv_heads), D = (int)head_dim, nv = D / 8, GR = G * R;
+    v8f qv[MAX_VECS], acc[MAX_VECS];
+    float m[MAX_GROUP], l[MAX_GROUP], sc[MAX_GROUP * CHUNK];
+    int64_t length = 0;
+    for (int r = 0; r < R; r++) {
+        length = lens[r] > length ? lens[r] : length;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (r0 + r) * q_row_stride + (h * G + g) * q_head_stride;
+            const int at = r * G + g;
+            for (int c = 0; c < nv; c++) {
+                qv[at * nv + c] = load8(qg + 8 * c) * splat(scale);
+                acc[at * nv + c] = splat(0.0f);
+            }
+            m[at] = -INFINITY;
+            l[at] = 0.0f;
+        }
+    }
+    const float *kh = k + h * num_slots * D, *vh = v + h * num_slots * D;
+    for (int64_t t0 = 0; t0 < length; t0 += block_size) {
+        const int64_t base = table[t0 / block_size] * block_size;
+        const int64_t in_block = length - t0 < block_size ? length - t0 : block_size;
+        if (t0 + block_size < length) {
+            const int64_t next = table[t0 / block_size + 1] * block_size;
+            const int64_t rows_next = length - t0 - block_size < block_size ? length - t0 - block_size : block_size;
+            const char *kn = (const char *)(kh + next * D), *vn = (const char *)(vh + next * D);
+            for (int64_t off = 0; off < rows_next * D * 4; off += 64) {
+                __builtin_prefetch(kn + off, 0, 3);
+                __builtin_prefetch(vn + off, 0, 3);
+            }
+        }
+        for (int64_t c0 = 0; c0 < in_block; c0 += CHUNK) {
+            const int n = (int)(in_block - c0 < CHUNK ? in_block - c0 : CHUNK);
+            const int64_t slot = base + c0, pos = t0 + c0;
+            score_chunk(qv, GR, nv, kh + slot * D, n, D, sc);
+            for (int r = 0; r < R; r++) {          /* a row's positions past its own length: not its context */
+                const int64_t valid = lens[r] - pos;
+                if (valid >= n) continue;
+                for (int g = 0; g < G; g++)
+                    for (int j = valid > 0 ? (int)valid : 0; j < n; j++) sc[(r * G + g) * CHUNK + j] = -INFINITY;
+            }
+            softmax_chunk(sc, GR, nv, m, l, acc);
+            accumulate_chunk(acc, sc, GR, nv, vh + slot * D, n, D);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) {
+            float *og = out + (r0 + r) * out_row_stride + (h * G + g) * out_head_stride;
+            const int at = r * G + g;
+            v8f inv = splat(1.0f / l[at]);
+            for (int c = 0; c < nv; c++) store8(og + 8 * c, acc[at * nv + c] * inv);
+        }
+}
+
+/* The most rows minillm_paged_decode_rows_task takes at once for this shape (0: the shape is not supported). */
+int minillm_paged_decode_rows_max(int64_t group, int64_t head_dim) {
+    if (group < 1 || head_dim % 8) return 0;
+    const int64_t by_heads = MAX_GROUP / group, by_vecs = MAX_VECS / (group * (head_dim / 8));
+    return (int)(by_heads < by_vecs ? by_heads : by_vecs);
+}
+
 /* The shapes this kernel takes; the Python wrapper asks before calling and uses the numba kernel otherwise. */
 int minillm_paged_decode_supports(int64_t group, int64_t head_dim) {
     return group >= 1 && group <= MAX_GROUP && head_dim % 8 == 0 && group * (head_dim / 8) <= MAX_VECS;
