@@ -121,6 +121,23 @@ def test_the_replay_catches_a_wrong_step(wrong):
     assert not timelines_equal(exact_seen, fast_seen)
 
 
+def test_a_step_model_that_predicts_a_negative_step_is_refused_by_both_engines():
+    """A fit with a negative coefficient (a plain least-squares fit on noisy steps can give one) predicts negative
+    time for steps it never saw: here decode steps of more than 5 sequences. Both engines refuse it with the
+    coefficient and the fix, where the exact one stopped on its event queue's clock and the fast one ran on."""
+    negative = StepModel(dict.fromkeys(COEFFS, 0.0) | {"o_step": 0.004, "o_seq": -0.001, "c_token": 0.0002},
+                         source="a fit with a negative coefficient")
+    reqs = [workloads.SimRequest(i, 0.0, list(range(3, 11)), 6) for i in range(8)]
+    cfg = ReplicaConfig(4096, 4, 8, 64)
+    for run in (lambda: simulate(reqs, [Replica(negative, cfg)], make_router("round-robin", 1, 4)),
+                lambda: simulate_aggregate(from_requests(reqs, 4), negative, cfg, 1, "round-robin")):
+        with pytest.raises(ValueError, match=r"predicts -[\d.]+ ms .* negative ones: o_seq = -0.001.*>= 0"):
+            run()
+    fine = StepModel(negative.coeffs | {"o_seq": 0.0})   # the same steps, every coefficient >= 0: both run
+    ex, _, fa, _ = run_both(reqs, cfg, 1, "round-robin", sm=fine)
+    assert ex.finished == fa.finished == len(reqs)
+
+
 # ---------------------------------------------------------------------- 2. tolerances
 
 SM8B = from_roofline("llama-3.1-8b", "h100-sxm")

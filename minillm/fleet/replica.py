@@ -206,7 +206,10 @@ class Replica:
         self._pending, self.busy = sched, True
         feats = StepFeatures.of((s.num_computed_tokens, n, s.num_prompt_tokens) for s, n in sched.scheduled)
         self._pending_feats = feats
-        return self.step_model.seconds(feats) + swap_s
+        seconds = self.step_model.seconds(feats)
+        if seconds < 0:
+            raise self.step_model.negative_step_error(feats, seconds)
+        return seconds + swap_s
 
     def end_step(self, now: float) -> list[Finished]:
         """The pass ended at `now`: tokens for the sequences that reached their end, commit, finish (mirrors

@@ -122,6 +122,18 @@ class StepModel:
         mem = k["m_step"] + k["m_kv"] * f.kv_tokens
         return over + (max(comp, mem) if self.form == "max" else comp + mem)
 
+    def negative_step_error(self, f: StepFeatures, seconds: float) -> ValueError:
+        """What a simulator raises when this model predicts `seconds` < 0 for a step of `f` (it cannot schedule a
+        step that ends before it starts): which coefficients of that step's set are negative, and the fix."""
+        k = self.coeffs_for(f)
+        kind = ("decode-only" if k is self.coeffs else "short prefill" if k is self.short_prefill_coeffs
+                else "prefill")
+        negative = ", ".join(f"{n} = {v:.3g}" for n, v in k.items() if v < 0) or "none"
+        return ValueError(f"the step model ({self.source or 'unnamed'}) predicts {seconds * 1e3:.3f} ms for a step of "
+                          f"{f}: a step cannot take negative time. Its {kind} coefficients' negative ones: {negative}. "
+                          "Fit with every coefficient >= 0 (a cost per token, pair or sequence is never negative; "
+                          "minillm fleet calibrate's fit keeps them so)")
+
     def relative_errors(self, traces: Sequence[StepTrace]) -> np.ndarray:
         pred = np.array([self.seconds(t.features) for t in traces])
         real = np.array([t.seconds for t in traces])

@@ -105,7 +105,9 @@ for t in train[:3] + train[-2:]:
 #
 # The maximum makes this more than one least-squares solve: each step sits on one side of it, and which side
 # depends on the coefficients you are looking for. But if you knew the sides, the rest would be linear. Error in
-# *relative* terms is what matters (a 1 ms step and a 100 ms step should count alike).
+# *relative* terms is what matters (a 1 ms step and a 100 ms step should count alike). And no cost is negative: a
+# coefficient below zero, which noisy steps can pull out of a plain least-squares solve, predicts negative time
+# for some batch the traces never had, and the simulator refuses a model that does.
 #
 # Your fit is judged by what it predicts: on steps drawn from known coefficients with a little noise (decodes over
 # long and short contexts, prompt chunks, mixes of both), your coefficients, run as minillm's `StepModel` — what the
@@ -124,8 +126,14 @@ def fit_step_model(traces):
 
     def solve(compute_bound):
         c, m = compute_bound.astype(float), 1.0 - compute_bound
-        rows = np.stack([ones, seqs, c * tokens, c * pairs, m, m * kv], axis=1)
-        x = np.linalg.lstsq(rows / y[:, None], ones, rcond=None)[0]       # rows / y: relative error
+        rows = np.stack([ones, seqs, c * tokens, c * pairs, m, m * kv], axis=1) / y[:, None]   # relative error
+        x, free = np.zeros(6), np.ones(6, bool)
+        while True:                     # a coefficient the solve makes negative is held at 0, the rest refitted
+            x[:] = 0.0
+            x[free] = np.linalg.lstsq(rows[:, free], ones, rcond=None)[0]
+            if (x >= 0).all():
+                break
+            free &= x > 0
         compute, memory = x[2] * tokens + x[3] * pairs, x[4] + x[5] * kv
         error = np.sum(((x[0] + x[1] * seqs + np.maximum(compute, memory)) / y - 1) ** 2)
         return x, error, compute >= memory

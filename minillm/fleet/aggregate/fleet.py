@@ -34,7 +34,7 @@ from minillm.fleet.aggregate.state import FleetState
 from minillm.fleet.policies import Slo
 from minillm.fleet.replica import ReplicaConfig
 from minillm.fleet.simulator import FleetResult
-from minillm.fleet.step_model import StepModel
+from minillm.fleet.step_model import StepFeatures, StepModel
 
 SWEEP_EVERY = 64        # rounds between forgetting evicted cache entries (bounds the dict)
 
@@ -189,6 +189,11 @@ class AggregateFleet:
                  (np.where(is_dec, 0, n), is_dec, c + n, n * c + n * (n + 1) // 2, np.ones(len(rows)))]
         nd, ctx = st.n_dec[S], st.dec_ctx[S]
         dt = self.step_seconds(feats[0], nd + feats[1], ctx + nd + feats[2], ctx + nd + feats[3], nd + feats[4])
+        if (dt < 0).any():
+            i = int(np.argmin(dt))
+            f = StepFeatures(int(feats[0][i]), int(nd[i] + feats[1][i]), int(ctx[i] + nd[i] + feats[2][i]),
+                             int(ctx[i] + nd[i] + feats[3][i]), int(nd[i] + feats[4][i]))
+            raise self.sm.negative_step_error(f, float(dt[i]))
         if ((nd + feats[4]) == 0).any():
             raise RuntimeError("a replica with requests queued scheduled nothing: the KV pool cannot hold the next "
                                "request")
