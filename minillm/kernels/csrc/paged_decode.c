@@ -152,71 +152,13 @@ static void softmax_chunk(float *s, int G, int nv, float *m, float *l, v8f *acc)
     }
 }
 
-static void decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
-                        const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
-                        int64_t max_blocks, int64_t block_size, float scale, float *out,
-                        int64_t out_row_stride, int64_t out_head_stride, int64_t task) {
-    const int G = (int)(num_heads / num_kv_heads), D = (int)head_dim, nv = D / 8;
-    const int64_t s = task / num_kv_heads, h = task % num_kv_heads, r = rows[s], length = seq_lens[s];
-    v8f qv[MAX_VECS], acc[MAX_VECS];
-    float m[MAX_GROUP], l[MAX_GROUP], sc[MAX_GROUP * CHUNK];
-    for (int g = 0; g < G; g++) {
-        const float *qg = q + r * q_row_stride + (h * G + g) * q_head_stride;
-        for (int c = 0; c < nv; c++) {
-            qv[g * nv + c] = load8(qg + 8 * c) * splat(scale);
-            acc[g * nv + c] = splat(0.0f);
-        }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-    }
-    const float *kh = k + h * num_slots * D, *vh = v + h * num_slots * D;
-    const int64_t *table = block_tables + s * max_blocks;
-    for (int64_t t0 = 0; t0 < length; t0 += block_size) {
-        const int64_t base = table[t0 / block_size] * block_size;
-        const int64_t in_block = length - t0 < block_size ? length - t0 : block_size;
-        if (t0 + block_size < length) {  /* blocks are scattered: start the next one's loads early */
-            const int64_t next = table[t0 / block_size + 1] * block_size;
-            const int64_t rows_next = length - t0 - block_size < block_size ? length - t0 - block_size : block_size;
-            const char *kn = (const char *)(kh + next * D), *vn = (const char *)(vh + next * D);
-            for (int64_t off = 0; off < rows_next * D * 4; off += 64) {
-                __builtin_prefetch(kn + off, 0, 3);
-                __builtin_prefetch(vn + off, 0, 3);
-            }
-        }
-        for (int64_t c0 = 0; c0 < in_block; c0 += CHUNK) {
-            const int n = (int)(in_block - c0 < CHUNK ? in_block - c0 : CHUNK);
-            const int64_t slot = base + c0;
-            score_chunk(qv, G, nv, kh + slot * D, n, D, sc);
-            softmax_chunk(sc, G, nv, m, l, acc);
-            accumulate_chunk(acc, sc, G, nv, vh + slot * D, n, D);
-        }
-    }
-    for (int g = 0; g < G; g++) {
-        float *og = out + r * out_row_stride + (h * G + g) * out_head_stride;
-        v8f inv = splat(1.0f / l[g]);
-        for (int c = 0; c < nv; c++) store8(og + 8 * c, acc[g * nv + c] * inv);
-    }
-}
-
-/* One (sequence, kv head) task of minillm_paged_decode below, for callers that spread the tasks over threads
-   themselves (the fused decode step, decode_step.c). */
-void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
-                               const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
-                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
-                               int64_t max_blocks, int64_t block_size, float scale, float *out,
-                               int64_t out_row_stride, int64_t out_head_stride, int64_t task) {
-    decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
-                head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, task);
-}
-
-/* R rows that read one block table (a verification step's k + 1 tokens of a sequence, each attending over its own
-   seq_len: lens[0..R)) against kv head h, in one pass over the keys and values: the R x G query heads are scored
-   as one group, so each chunk of K and V is read once for all of them instead of once per row. Row r is
-   q[(r0 + r)]; positions at or past lens[r] score -inf (probability 0: they add exact zeros). A row's sums are a
-   per-row task's, chunk for chunk; only the last partial chunk may take the four-row path where the per-row task
-   took the one-row path (the same products, another order of the final additions). R * G <= MAX_GROUP
-   (minillm_paged_decode_rows_max). */
+/* R rows that read one block table, each over its own length lens[r] (R = 1: a decode row, decode_task below; more:
+   a verification step's k + 1 tokens of a sequence, each attending over the context and the rows before it),
+   against kv head h, in one pass over the keys and values: the R x G query heads are scored as one group, so each
+   chunk of K and V is read once for all of them instead of once per row. Row r is q[r0 + r]; positions at or past
+   lens[r] score -inf (probability 0: they add exact zeros). A row's sums are those it gets alone, chunk for chunk,
+   except in its last partial chunk, where the four-key path may take keys the one-key path took alone (the same
+   products, another order of the final additions). R * G <= MAX_GROUP (minillm_paged_decode_rows_max). */
 void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, int64_t r0, int R,
                                     const float *k, const float *v, const int64_t *table, const int64_t *lens,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
@@ -273,6 +215,29 @@ void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_
             v8f inv = splat(1.0f / l[at]);
             for (int c = 0; c < nv; c++) store8(og + 8 * c, acc[at * nv + c] * inv);
         }
+}
+
+/* Task (sequence s, kv head h): one row, its own block table and length. */
+static void decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                        const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                        int64_t max_blocks, int64_t block_size, float scale, float *out,
+                        int64_t out_row_stride, int64_t out_head_stride, int64_t task) {
+    const int64_t s = task / num_kv_heads;
+    minillm_paged_decode_rows_task(q, q_row_stride, q_head_stride, rows[s], 1, k, v, block_tables + s * max_blocks,
+                                   seq_lens + s, num_heads, num_kv_heads, head_dim, num_slots, block_size, scale, out,
+                                   out_row_stride, out_head_stride, task % num_kv_heads);
+}
+
+/* One (sequence, kv head) task of minillm_paged_decode below, for callers that spread the tasks over threads
+   themselves (the fused decode step, decode_step.c). */
+void minillm_paged_decode_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
+                               const float *k, const float *v, const int64_t *block_tables, const int64_t *seq_lens,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
+                               int64_t max_blocks, int64_t block_size, float scale, float *out,
+                               int64_t out_row_stride, int64_t out_head_stride, int64_t task) {
+    decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
+                head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, task);
 }
 
 /* The most rows minillm_paged_decode_rows_task takes at once for this shape (0: the shape is not supported). */
