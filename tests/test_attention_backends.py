@@ -128,11 +128,11 @@ def test_cpu_kernel_addresses_rows_in_place():
 
 
 @pytest.mark.parametrize("seqs", [[(0, 40), (7, 5), (12, 1)], [(0, 530), (3, 1)], [(20, 515), (0, 9)],
-                                  [(600, 50), (300, 100), (500, 100), (2, 510)]])
-def test_cpu_backend_sends_short_prefill_chunks_through_the_kernel(seqs, monkeypatch):
-    """Chunks of up to PAGED_PREFILL_MAX_ROWS tokens, or whose sequence is at most PAGED_PREFILL_MAX_LEN tokens, are
-    a kernel row per token (torch's flash attention never runs for them); the others go through torch. Both equal
-    dense attention, fresh prompts and cached context."""
+                                  [(600, 50), (300, 100), (500, 100), (2, 510)], [(700, 300), (0, 1)]])
+def test_cpu_backend_sends_every_prefill_chunk_through_the_kernel(seqs, monkeypatch):
+    """Over a float pool every chunk, fresh or after cached context, short or long, is a kernel row per token (the
+    kernel attends a sequence's rows in pieces: csrc/paged_decode.c); torch's flash attention never runs. Equal to
+    dense attention."""
     import minillm.layers.attention as attention
     calls = []
     real = attention.F.scaled_dot_product_attention
@@ -140,8 +140,7 @@ def test_cpu_backend_sends_short_prefill_chunks_through_the_kernel(seqs, monkeyp
                         lambda q, *a, **k: calls.append(q.shape[-2]) or real(q, *a, **k))
     out, ref = run_backend(CpuAttentionBackend(), 4, 2, 16, 4, torch.float32, seqs, 0)
     assert (out - ref).abs().max().item() <= TOL[torch.float32]
-    assert calls == [n for c, n in seqs
-                     if n > attention.PAGED_PREFILL_MAX_ROWS and c + n > attention.PAGED_PREFILL_MAX_LEN]
+    assert calls == []
 
 
 def test_cpu_backend_leaves_prefill_to_a_learners_attend_fn():

@@ -203,20 +203,22 @@ class TritonAttentionBackend(TorchAttentionBackend):
         return set(rows)
 
 
-# Which prefill chunks go through the paged kernel too, a query row per token, each reading its context from the
-# pool: those of at most PAGED_PREFILL_MAX_ROWS tokens (whatever their context), and those whose sequence, context
-# and chunk together, is at most PAGED_PREFILL_MAX_LEN tokens. Against torch's flash attention over the gathered
-# context (the backend's whole attention, SmolLM2's layer shapes, 2 threads): fresh prompts of 160 and 512 tokens
-# 0.75x and 0.82x the time, 768 1.04x; 8 / 32 / 64 new tokens after 4,096 / 4,096 / 8,000 cached 0.21x / 0.71x /
-# 0.79x; but 256 after 1,024 1.22x and 512 after 1,536 1.13x. Every row rereads the keys before it, where flash
-# attention's tiles reuse them across rows, so long chunks over long contexts keep torch's.
+# Prefill chunks go through the paged kernel too, a query row per token, each reading its context from the pool;
+# the kernel attends a chunk's rows in pieces of up to ten (SmolLM2's 3 query heads per kv head), each chunk of keys
+# read once for the piece (csrc/paged_decode.c). Whole prefill steps against torch's flash attention over the
+# gathered context (SmolLM2, 2 threads, interleaved): fresh prompts of 300 / 768 / 1,536 / 2,032 tokens 0.92x /
+# 0.94x / 0.93x / 0.74x the time; 32 / 256 / 512 / 1,024 / 2,048 new tokens after 4,096 / 1,024 / 1,536 / 2,048 /
+# 2,048 cached 0.72x / 0.90x / 0.91x / 0.93x / 0.82x. An int8 pool's kernel still attends a task per row (every row
+# rereads the keys before it), so there only the chunks within these limits take it: at most
+# PAGED_PREFILL_MAX_ROWS tokens, or a sequence (context and chunk) of at most PAGED_PREFILL_MAX_LEN; with a task
+# per row, 256 new tokens after 1,024 cached took 1.22x torch's time in the backend's attention.
 PAGED_PREFILL_MAX_ROWS = 64
 PAGED_PREFILL_MAX_LEN = 512
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
-    """Decode, and the prefill chunks PAGED_PREFILL_MAX_ROWS / PAGED_PREFILL_MAX_LEN take, through the compiled CPU
-    PagedAttention kernel (C, or numba for decode only); other prefill chunks through the torch path.
+    """Decode and prefill through the compiled CPU PagedAttention kernel (C, or numba for decode only; over an int8
+    pool, prefill chunks within PAGED_PREFILL_MAX_ROWS / PAGED_PREFILL_MAX_LEN), other chunks through the torch path.
 
     The kernel reads K/V in place through the block tables, like the Triton kernel on a GPU; torch can only
     gather a copy first. Falls back to the torch groups where the kernel does not apply (bf16 queries, a bf16 pool,
@@ -241,9 +243,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return super()._decode(q, out, meta, cache, layer, scale)
         # a learner's attend_fn (the lab01 seam) still sees every prefill chunk; so does the numba build, which is
         # slower than torch's flash attention on many rows
-        prefill = self.attend_fn is None and cpu_native.load() is not None
-        starts, rows, tables, lens = (meta.token_rows(PAGED_PREFILL_MAX_ROWS, PAGED_PREFILL_MAX_LEN) if prefill
-                                      else meta.token_rows(1))
+        if self.attend_fn is not None or cpu_native.load() is None:
+            starts, rows, tables, lens = meta.token_rows(1)
+        elif cache.quantized:
+            starts, rows, tables, lens = meta.token_rows(PAGED_PREFILL_MAX_ROWS, PAGED_PREFILL_MAX_LEN)
+        else:
+            starts, rows, tables, lens = meta.token_rows(max(meta.query_lens))
         if not starts:
             return set()
         # every layer of the step reads the same tables: bounds-check them once

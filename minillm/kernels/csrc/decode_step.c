@@ -59,6 +59,8 @@ void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_
                                     int64_t block_size, float scale, float *out, int64_t out_row_stride,
                                     int64_t out_head_stride, int64_t h);
 int minillm_paged_decode_rows_max(int64_t group, int64_t head_dim);
+int64_t minillm_paged_decode_pieces(int64_t S, const int64_t *rows, const int64_t *block_tables, int64_t max_blocks,
+                                    int rows_max, int64_t num_kv_heads, int num_threads, int64_t *first, int *count);
 
 int minillm_qgemm_finite(const float *x, int64_t K);
 void minillm_exp_nonpositive(float *x, int64_t n);
@@ -200,7 +202,7 @@ static void rotate_store(step_ctx *c, float *kl, float *vl, int64_t task) {
    attends at once. When rows share a sequence (a verification step's k + 1 tokens: row j attends over the
    sequence's context and the rows before it, each its own seq_len), a row reads keys other tasks store: every
    task stores first, a barrier, then every task attends; there a task is (piece, kv head): a piece is rows reading
-   one block table, attended together (attention_pieces; one pass over the keys for all of them: at a 4,000-token
+   one block table, attended together (paged_decode.c's minillm_paged_decode_pieces; one pass over the keys for all of them: at a 4,000-token
    context a 5-row verification step took 0.81x the time of one task per row, 2 threads, Zen 4; at 320 tokens,
    where the keys stay in cache, the same). Thread 0 resets the counters as each layer starts:
    every thread has left the previous layer's attention (barriers followed it), and none reaches this one before
@@ -225,39 +227,6 @@ static void attention(step_ctx *c, int64_t l, int *sense) {
                                        c->block_tables + first * c->max_blocks, c->seq_lens + first, c->H, KV, D,
                                        c->num_slots, c->block_size, c->scale, c->mid, c->H * D, D, task % KV);
     }
-}
-
-/* A verification's rows read one block table, each over its own seq_len: attending them together reads each chunk
-   of K and V once for all of them (paged_decode.c). Runs of consecutive rows with equal block-table rows become
-   pieces of at most rows_max rows; with too few pieces to keep the team busy (batch 1: one run, KV tasks), each
-   run is cut in two, so 3 kv heads x 2 halves spread over 2 threads where 3 whole runs would leave one idle half the
-   time. Returns the number of pieces (at most M). */
-static int64_t attention_pieces(int64_t M, const int64_t *block_tables, int64_t max_blocks, int rows_max,
-                                int64_t KV, int nthreads, int64_t *first, int *rows) {
-    int64_t runs = 0;
-    for (int64_t m = 0; m < M; m++)
-        if (!m || memcmp(block_tables + m * max_blocks, block_tables + (m - 1) * max_blocks,
-                         sizeof(int64_t) * (size_t)max_blocks))
-            runs++;
-    const int64_t halves = runs * KV < 2 * nthreads ? 2 : 1;
-    int64_t n = 0;
-    for (int64_t m = 0; m < M;) {
-        int64_t end = m + 1;
-        while (end < M && !memcmp(block_tables + end * max_blocks, block_tables + m * max_blocks,
-                                  sizeof(int64_t) * (size_t)max_blocks))
-            end++;
-        const int64_t len = end - m, cap = rows_max < 1 ? 1 : rows_max;
-        int64_t parts = (len + cap - 1) / cap;
-        if (parts < halves && len >= halves) parts = halves;
-        for (int64_t i = 0; i < parts; i++) {     /* split evenly: 9 rows in two as 5 + 4 */
-            const int64_t take = (end - m + (parts - i) - 1) / (parts - i);
-            first[n] = m;
-            rows[n] = (int)take;
-            n++;
-            m += take;
-        }
-    }
-    return n;
 }
 
 static void add_rows(float *x, const float *y, int64_t M, int64_t E, int64_t ldy) {
@@ -401,8 +370,9 @@ int minillm_decode_step(float *x, int64_t M, const int64_t *ids, const mll_qline
                   .tas = tsc + M * nb, .tgs = tsc + 2 * M * nb};
     c.rows_share = rows_share;
     if (rows_share)
-        c.npieces = attention_pieces(M, block_tables, max_blocks, minillm_paged_decode_rows_max(H / KV, D), KV,
-                                     nthreads, piece_first, piece_rows);
+        c.npieces = minillm_paged_decode_pieces(M, rows, block_tables, max_blocks,
+                                                minillm_paged_decode_rows_max(H / KV, D), KV, nthreads, piece_first,
+                                                piece_rows);
     c.piece_first = piece_first;
     c.piece_rows = piece_rows;
     atomic_init(&c.next_task, 0);

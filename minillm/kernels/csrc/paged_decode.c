@@ -14,6 +14,8 @@
    [S, max_blocks] and seq_lens [S], rows [S] int64 (sequence s reads q[rows[s]] and writes out[rows[s]]). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -252,20 +254,70 @@ int minillm_paged_decode_supports(int64_t group, int64_t head_dim) {
     return group >= 1 && group <= MAX_GROUP && head_dim % 8 == 0 && group * (head_dim / 8) <= MAX_VECS;
 }
 
-/* All S * KVH (sequence, kv head) tasks, spread over an OpenMP team. Loaded into a process that has
-   imported torch, this library's libgomp.so.1 is torch's own, so the team is torch's intra-op pool (its
-   threads still spinning from the previous op): no second pool fights it. The caller passes
-   torch.get_num_threads() as num_threads. */
+/* Rows that can be attended together (minillm_paged_decode_rows_task): runs of consecutive task rows s whose block
+   table rows are equal and whose q rows follow one another (a verification's k + 1 tokens, a prefill chunk's tokens
+   as rows), cut into pieces of at most rows_max; with too few pieces to keep the team busy (one run: KV tasks), a
+   run is cut in two at least, so 3 kv heads x 2 pieces spread over 2 threads where 3 tasks would leave one idle
+   half the time. Piece p is task rows first[p] .. first[p] + count[p]. Returns the number of pieces (at most S). */
+int64_t minillm_paged_decode_pieces(int64_t S, const int64_t *rows, const int64_t *block_tables, int64_t max_blocks,
+                                    int rows_max, int64_t num_kv_heads, int num_threads, int64_t *first, int *count) {
+    const size_t row_bytes = sizeof(int64_t) * (size_t)max_blocks;
+#define JOINS(s) (rows[s] == rows[(s) - 1] + 1 && \
+                  !memcmp(block_tables + (s) * max_blocks, block_tables + ((s) - 1) * max_blocks, row_bytes))
+    int64_t runs = 0;
+    for (int64_t s = 0; s < S; s++) runs += !s || !JOINS(s);
+    const int64_t at_least = runs * num_kv_heads < 2 * num_threads ? 2 : 1, cap = rows_max < 1 ? 1 : rows_max;
+    int64_t n = 0;
+    for (int64_t s = 0; s < S;) {
+        int64_t end = s + 1;
+        while (end < S && JOINS(end)) end++;
+        int64_t parts = (end - s + cap - 1) / cap;
+        if (parts < at_least && end - s >= at_least) parts = at_least;
+        for (int64_t i = 0; i < parts; i++) {          /* split evenly: 9 rows in two as 5 + 4 */
+            const int64_t take = (end - s + (parts - i) - 1) / (parts - i);
+            first[n] = s;
+            count[n++] = (int)take;
+            s += take;
+        }
+    }
+#undef JOINS
+    return n;
+}
+
+/* All (piece, kv head) tasks (minillm_paged_decode_pieces: a decode batch's rows are pieces of one; a prefill chunk
+   sent as rows, pieces of up to rows_max of its tokens, each chunk of keys read once for all of them), spread over
+   an OpenMP team. Loaded into a process that has imported torch, this library's libgomp.so.1 is torch's own, so
+   the team is torch's intra-op pool (its threads still spinning from the previous op): no second pool fights it.
+   The caller passes torch.get_num_threads() as num_threads. */
 void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_stride, const int64_t *rows,
                           int64_t num_seqs, const float *k, const float *v, const int64_t *block_tables,
                           const int64_t *seq_lens, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                           int64_t num_slots, int64_t max_blocks, int64_t block_size, float scale, float *out,
                           int64_t out_row_stride, int64_t out_head_stride, int num_threads) {
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(num_seqs ? num_seqs : 1));
+    int *count = malloc(sizeof(int) * (size_t)(num_seqs ? num_seqs : 1));
+    int64_t pieces = num_seqs;
+    if (first && count) {
+        pieces = minillm_paged_decode_pieces(num_seqs, rows, block_tables, max_blocks,
+                                             minillm_paged_decode_rows_max(num_heads / num_kv_heads, head_dim),
+                                             num_kv_heads, num_threads, first, count);
+    }
     /* dynamic: task costs follow sequence lengths, which vary several-fold within a step */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t t = 0; t < num_seqs * num_kv_heads; t++)
-        decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
-                    head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, t);
+    for (int64_t t = 0; t < pieces * num_kv_heads; t++) {
+        if (first && count) {
+            const int64_t p = t / num_kv_heads, s = first[p];
+            minillm_paged_decode_rows_task(q, q_row_stride, q_head_stride, rows[s], count[p], k, v,
+                                           block_tables + s * max_blocks, seq_lens + s, num_heads, num_kv_heads,
+                                           head_dim, num_slots, block_size, scale, out, out_row_stride,
+                                           out_head_stride, t % num_kv_heads);
+        } else {    /* no memory for the plan: one task per row */
+            decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
+                        head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, t);
+        }
+    }
+    free(first);
+    free(count);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
