@@ -206,9 +206,9 @@ class TritonAttentionBackend(TorchAttentionBackend):
 # Prefill chunks go through the paged kernel too, a query row per token, each reading its context from the pool;
 # the kernel attends a chunk's rows in pieces of up to ten (SmolLM2's 3 query heads per kv head), each chunk of keys
 # read once for the piece (csrc/paged_decode.c). Whole prefill steps against torch's flash attention over the
-# gathered context (SmolLM2, 2 threads, interleaved): fresh prompts of 300 / 768 / 1,536 / 2,032 tokens 0.92x /
-# 0.94x / 0.93x / 0.74x the time; 32 / 256 / 512 / 1,024 / 2,048 new tokens after 4,096 / 1,024 / 1,536 / 2,048 /
-# 2,048 cached 0.72x / 0.90x / 0.91x / 0.93x / 0.82x. An int8 pool's kernel still attends a task per row (every row
+# gathered context (SmolLM2, 2 threads, interleaved): fresh prompts of 300 / 768 / 1,536 tokens 0.92x / 0.94x /
+# 0.93x the time; 2,032 / 32 / 256 / 512 / 1,024 / 2,048 new tokens after 16 / 4,096 / 1,024 / 1,536 / 2,048 / 2,048
+# cached 0.74x / 0.72x / 0.90x / 0.91x / 0.93x / 0.82x. An int8 pool's kernel still attends a task per row (every row
 # rereads the keys before it), so there only the chunks within these limits take it: at most
 # PAGED_PREFILL_MAX_ROWS tokens, or a sequence (context and chunk) of at most PAGED_PREFILL_MAX_LEN; with a task
 # per row, 256 new tokens after 1,024 cached took 1.22x torch's time in the backend's attention.
