@@ -188,13 +188,12 @@ class AggregateFleet:
         feats = [np.bincount(where, w, minlength=len(S)) for w in
                  (np.where(is_dec, 0, n), is_dec, c + n, n * c + n * (n + 1) // 2, np.ones(len(rows)))]
         nd, ctx = st.n_dec[S], st.dec_ctx[S]
-        dt = self.step_seconds(feats[0], nd + feats[1], ctx + nd + feats[2], ctx + nd + feats[3], nd + feats[4])
+        step = (feats[0], nd + feats[1], ctx + nd + feats[2], ctx + nd + feats[3], nd + feats[4])  # StepFeatures order
+        dt = self.step_seconds(*step)
         if (dt < 0).any():
             i = int(np.argmin(dt))
-            f = StepFeatures(int(feats[0][i]), int(nd[i] + feats[1][i]), int(ctx[i] + nd[i] + feats[2][i]),
-                             int(ctx[i] + nd[i] + feats[3][i]), int(nd[i] + feats[4][i]))
-            raise self.sm.negative_step_error(f, float(dt[i]))
-        if ((nd + feats[4]) == 0).any():
+            raise self.sm.negative_step_error(StepFeatures(*(int(x[i]) for x in step)), float(dt[i]))
+        if (step[4] == 0).any():
             raise RuntimeError("a replica with requests queued scheduled nothing: the KV pool cannot hold the next "
                                "request")
         return dt

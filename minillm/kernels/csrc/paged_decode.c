@@ -1,4 +1,4 @@
-/* PagedAttention decode on the CPU, one (sequence, kv head) task at a time.
+/* PagedAttention decode on the CPU, one (piece of rows reading one block table, kv head) task at a time.
 
    The numba kernel beside this file runs the same algorithm but reaches only ~11 GB/s even with the KV
    in cache: its per-row dot products end in horizontal reductions and its V accumulator round-trips
@@ -296,25 +296,18 @@ void minillm_paged_decode(const float *q, int64_t q_row_stride, int64_t q_head_s
                           int64_t out_row_stride, int64_t out_head_stride, int num_threads) {
     int64_t *first = malloc(sizeof(int64_t) * (size_t)(num_seqs ? num_seqs : 1));
     int *count = malloc(sizeof(int) * (size_t)(num_seqs ? num_seqs : 1));
-    int64_t pieces = num_seqs;
-    if (first && count) {
-        pieces = minillm_paged_decode_pieces(num_seqs, rows, block_tables, max_blocks,
-                                             minillm_paged_decode_rows_max(num_heads / num_kv_heads, head_dim),
-                                             num_kv_heads, num_threads, first, count);
-    }
+    const int planned = first && count;      /* no memory for the plan: pieces of one row */
+    const int64_t pieces = planned ? minillm_paged_decode_pieces(
+        num_seqs, rows, block_tables, max_blocks, minillm_paged_decode_rows_max(num_heads / num_kv_heads, head_dim),
+        num_kv_heads, num_threads, first, count) : num_seqs;
     /* dynamic: task costs follow sequence lengths, which vary several-fold within a step */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t t = 0; t < pieces * num_kv_heads; t++) {
-        if (first && count) {
-            const int64_t p = t / num_kv_heads, s = first[p];
-            minillm_paged_decode_rows_task(q, q_row_stride, q_head_stride, rows[s], count[p], k, v,
-                                           block_tables + s * max_blocks, seq_lens + s, num_heads, num_kv_heads,
-                                           head_dim, num_slots, block_size, scale, out, out_row_stride,
-                                           out_head_stride, t % num_kv_heads);
-        } else {    /* no memory for the plan: one task per row */
-            decode_task(q, q_row_stride, q_head_stride, rows, k, v, block_tables, seq_lens, num_heads, num_kv_heads,
-                        head_dim, num_slots, max_blocks, block_size, scale, out, out_row_stride, out_head_stride, t);
-        }
+        const int64_t p = t / num_kv_heads, s = planned ? first[p] : p;
+        minillm_paged_decode_rows_task(q, q_row_stride, q_head_stride, rows[s], planned ? count[p] : 1, k, v,
+                                       block_tables + s * max_blocks, seq_lens + s, num_heads, num_kv_heads, head_dim,
+                                       num_slots, block_size, scale, out, out_row_stride, out_head_stride,
+                                       t % num_kv_heads);
     }
     free(first);
     free(count);
