@@ -18,7 +18,11 @@ from minillm.spec_decode.draft_model import ModelDraftProposer
 from minillm.spec_decode.ngram import NgramProposer, find_ngram_draft
 from minillm.sampling.params import SamplingParams
 from minillm.spec_decode.rejection_sampler import RejectionSampler
-from minillm.spec_decode.draft import Draft
+from minillm.spec_decode.draft import Draft, SpecState, SpecStats
+from minillm.spec_decode.decoder import SpecDecoder
+from minillm.config import SpeculativeConfig
+from minillm.sampling.sampler import Sampler
+from types import SimpleNamespace
 from minillm.testing import chi_square, random_model, tiny_model
 from tests.test_engine import finish_all, run_engine
 
@@ -332,6 +336,54 @@ def test_a_rejection_sampler_that_resamples_from_p_fails_the_same_test(marginal)
 
     wrong = chi_square(second_tokens(spec_engine(RejectionSampler(rule=resample_from_p)), N_SAMPLES, 2), marginal)
     assert wrong.p_value < 1e-6, wrong
+
+
+class _GeneralPathSampler(Sampler):
+    """minillm's sampler under another class: verification then builds p and runs the general rule."""
+
+
+class _VerifyingSeq:
+    """What SpecDecoder.verify reads of a sequence (hashable, as the engine's Sequence)."""
+
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@example(seed=0, ks=[8], penalties=False)                 # a batch-1 verification of 8 guesses
+@given(seed=st.integers(0, 10**6), ks=st.lists(st.integers(0, 6), min_size=1, max_size=4), penalties=st.booleans())
+def test_greedy_verification_by_argmax_keeps_what_the_general_rule_keeps(seed, ks, penalties):
+    """An all-greedy verification with minillm's own sampler and rule skips the one-hot p
+    (SpecDecoder._argmax_decides): the same tokens as the general rule, for the same rows (in order, or picked out of
+    a step with other rows around them), with penalties seen, and each seeded generator left where it leaves it."""
+    gen = torch.Generator().manual_seed(seed)
+    V, extra = 50, 2
+    logits = torch.randn(sum(ks) + len(ks) + extra, V, generator=gen)
+    logits[:, 7] += 3.0                                  # token 7 often wins: penalties then change the argmax
+    outcomes = []
+    for sampler in (Sampler(), _GeneralPathSampler()):
+        items, gens, start = [], [], extra // 2
+        for i, k in enumerate(ks):
+            params = SamplingParams(temperature=0, repetition_penalty=1.5 if penalties and i % 2 == 0 else 1.0)
+            g = torch.Generator().manual_seed(seed + i) if i % 2 else None
+            seq = _VerifyingSeq(seq_id=i, params=params, generator=g, prompt_token_ids=[1, 7], output_token_ids=[7],
+                                  spec=SpecState([int(t) for t in torch.randint(0, V, (k,), generator=gen)]),
+                                  metrics=SimpleNamespace(spec=SpecStats()))
+            greedy = logits[start:start + k].argmax(-1).tolist()
+            seq.spec.token_ids = [t if j % 3 else greedy[j] for j, t in enumerate(seq.spec.token_ids)]
+            items.append((seq, list(range(start, start + k + 1))))
+            gens.append(g)
+            start += k + 1
+        decoder = SpecDecoder(SpeculativeConfig(method="ngram", num_speculative_tokens=6), None, V)
+        torch.manual_seed(seed)
+        kept = decoder.verify(items, logits, sampler)
+        outcomes.append(([kept[s][0] for s, _ in items], [g.get_state() for g in gens if g is not None]))
+        gen.manual_seed(seed)                            # the same drafts for the second sampler
+        torch.randn(logits.shape, generator=gen)
+    (fast, fast_states), (general, general_states) = outcomes
+    assert fast == general
+    assert all(torch.equal(a, b) for a, b in zip(fast_states, general_states))
+    assert SpecDecoder(SpeculativeConfig(method="ngram"), None, V)._argmax_decides(Sampler(), [SamplingParams(temperature=0)])
 
 
 # ---------------------------------------------------------------- configuration and seams

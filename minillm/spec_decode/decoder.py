@@ -20,7 +20,7 @@ import torch
 
 from minillm import interfaces
 from minillm.config import SpeculativeConfig
-from minillm.sampling.sampler import SamplingBatch, TokenLogprobs, token_logprobs
+from minillm.sampling.sampler import Sampler, SamplingBatch, TokenLogprobs, row_argmax, token_logprobs
 from minillm.spec_decode.adaptive import AdaptiveK
 from minillm.spec_decode.draft import SpecStats
 from minillm.spec_decode.rejection_sampler import RejectionSampler
@@ -172,6 +172,14 @@ class SpecDecoder:
             self.policy.costs.record_step(len(scheduled), sum(n for _, n in scheduled), seconds)
 
     # ------------------------------------------------------------------ after the forward pass
+    def _argmax_decides(self, sampler: interfaces.Sampler, params: list) -> bool:
+        """Every row greedy, minillm's own sampler and rejection rule: p is one-hot on each row's argmax, so the
+        rule keeps the drafts that equal it (RejectionSampler.accept_argmax). Skipping the [rows, V] one-hot and its
+        reductions saves ~0.5 ms of a batch-1 step verifying 8 guesses. A plugged sampler or rule sees p as ever."""
+        rs = self.rejection_sampler
+        return (type(sampler) is Sampler and type(rs) is RejectionSampler and rs.rule is None
+                and all(p.greedy for p in params))
+
     def verify(self, items: list[tuple[Sequence, list[int]]], logits: torch.Tensor, sampler: interfaces.Sampler
                ) -> dict[Sequence, tuple[list[int], list[Optional[TokenLogprobs]], int]]:
         """items: (seq, its rows of logits: the last real token's, then one per verified guess). Returns per seq
@@ -192,8 +200,15 @@ class SpecDecoder:
             drafts.append(d)
             qs.append(None if seq.spec.probs is None else seq.spec.probs[:m])
             gens.append(seq.generator)
-        p = sampler.probs(logits[rows], SamplingBatch(params, [None] * len(rows), prompts, outputs))
-        kept = self.rejection_sampler(p, drafts, qs, gens)
+        # a list index copies through torch's slow path (~0.2 ms for 9 rows of 49,152); a batch-1 verification's
+        # rows are all the step's rows, in order
+        picked = (logits if rows == list(range(logits.shape[0]))
+                  else logits.index_select(0, torch.tensor(rows, device=logits.device)))
+        batch = SamplingBatch(params, [None] * len(rows), prompts, outputs)
+        if self._argmax_decides(sampler, params):
+            kept = self.rejection_sampler.accept_argmax(row_argmax(sampler.penalized(picked, batch)), drafts, gens)
+        else:
+            kept = self.rejection_sampler(sampler.probs(picked, batch), drafts, qs, gens)
         if not isinstance(kept, (list, tuple)) or len(kept) != len(items):
             raise ValueError(f"the rejection sampler must return one token list per request ({len(items)}), "
                              f"got {kept!r:.200}")

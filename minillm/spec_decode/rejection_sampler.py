@@ -61,7 +61,7 @@ class RejectionSampler:
             return self._per_request(target_probs, draft_token_ids, draft_probs, generators)
         certain, top = _one_token(target_probs)
         if bool(certain.all()):
-            return self._one_token_rows(top, draft_token_ids, generators, target_probs.dtype, target_probs.device)
+            return self.accept_argmax(top, draft_token_ids, generators, target_probs.dtype)
         R, V, kmax = len(ks), target_probs.shape[1], max(ks, default=0)
         dev = target_probs.device                # every tensor of the verification on the engine's device
         k_t = torch.tensor(ks, dtype=torch.long, device=dev)
@@ -99,15 +99,19 @@ class RejectionSampler:
         last = self._final_tokens(final, generators).tolist()
         return [list(d[:a]) + [t] for d, a, t in zip(draft_token_ids, num_accepted.tolist(), last)]
 
-    def _one_token_rows(self, tokens: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
-                        generators: Sequence[Optional[torch.Generator]], dtype: torch.dtype,
-                        device: torch.device) -> list[list[int]]:
-        """Every row of p is one token (a batch of greedy requests): a draft is accepted exactly when it is its row's
-        token (p(x) = 1 > u q(x), or p(x) = 0), and at the first rejection the residual max(p - q, 0) is that token
-        again, whatever q was. The same tokens as the general rule without its ~20 small tensor ops (~0.35 ms of a
-        greedy batch-1 step verifying 4 guesses); the uniforms are still drawn, so a seeded request's generator
-        advances as it would there."""
-        self._uniforms([len(d) for d in draft_token_ids], generators, dtype, device)
+    def accept_argmax(self, tokens: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
+                      generators: Sequence[Optional[torch.Generator]],
+                      dtype: torch.dtype = torch.float32) -> list[list[int]]:
+        """The rule where every row of p is one token, `tokens` [sum(k_r + 1)] (a batch of greedy requests): a draft
+        is accepted exactly when it is its row's token (p(x) = 1 > u q(x), or p(x) = 0), and at the first rejection
+        the residual max(p - q, 0) is that token again, whatever q was. The same tokens as the general rule without
+        its ~20 small tensor ops (~0.35 ms of a greedy batch-1 step verifying 4 guesses); the uniforms are still
+        drawn (in p's dtype), so a seeded request's generator advances as it would there."""
+        ks = [len(d) for d in draft_token_ids]
+        if tokens.shape != (sum(ks) + len(ks),):
+            raise ValueError(f"{tuple(tokens.shape)} tokens for {len(ks)} requests, expected sum(k + 1) = "
+                             f"{sum(ks) + len(ks)}")
+        self._uniforms(ks, generators, dtype, tokens.device)
         tokens, out, start = tokens.tolist(), [], 0
         for drafts in draft_token_ids:
             a = next((j for j, x in enumerate(drafts) if x != tokens[start + j]), len(drafts))

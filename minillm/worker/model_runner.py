@@ -160,7 +160,9 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, ctx)
         if not inputs.sample_rows:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
-        return self.model.compute_logits(hidden[inputs.sample_rows])
+        if inputs.sample_rows != list(range(hidden.shape[0])):     # a verification's rows are all of them
+            hidden = hidden.index_select(0, torch.tensor(inputs.sample_rows))
+        return self.model.compute_logits(hidden)
 
     def _device_forward(self, inputs: StepInputs) -> torch.Tensor | None:
         """forward() off the CPU: a decode step a captured CUDA graph covers replays it; any other step moves its

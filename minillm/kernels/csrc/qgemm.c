@@ -355,6 +355,11 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
    as 6 + 5 + 5); AVX2's 16 hold 4 with VNNI and 3 without (the product takes a register: at 4 rows gcc spilled,
    and a build for AVX2 without VNNI ran 0.90-0.98x the buffered version at 5-64 rows, 0.94-1.04x with 3). */
 #define TN 24
+/* Tiles ahead that a pass asks the cache for: a thread's tiles lie in one run, so a 24-column block's first tiles
+   follow the block before's last. Without it a decode step's loads waited on memory and its multiply-adds on the
+   loads (the two nearly added up: 1 row 3.1 ms, 5 rows 5.8); with 16 tiles (6 KB of int4, 12 KB of int8) the fused
+   step at 1-9 rows of SmolLM2 took 0.87-0.95x the time (4 and 32: between the two). */
+#define PF_TILES 16
 #define Q4_TILE_BYTES (8 * 3 * 16)
 #define Q8_TILE_BYTES (16 * 3 * 16)
 
@@ -367,7 +372,10 @@ static const row_many_fn ROW_MANY_FNS[MR + 1] = {NULL, NULL, row_many_2, row_man
 #define TR 3     /* vpmaddwd then vpaddd: the product needs a register of its own */
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DPW(a, b, w) a = _mm256_dpwssd_epi32(a, b, w)       /* the multiply-add and the sum in one instruction */
+/* the multiply-add and the sum in one instruction; as asm because gcc 12, given the intrinsic, shuffled the
+   accumulators between registers on every pass of the loop (18 moves and 2 spills per 30 multiply-adds at 5 rows):
+   the LM head's int8 tiles at 5-9 rows ran 0.74-0.88x the time with it */
+#define DPW(a, b, w) __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(b), "v"(w))
 #elif defined(__AVXVNNI__)
 #define DPW(a, b, w) a = _mm256_dpwssd_avx_epi32(a, b, w)
 #else
@@ -385,6 +393,7 @@ static inline __attribute__((always_inline)) void tiles_pass(const int q4, const
     const __m256i low = _mm256_set1_epi16(0x0F);
     for (int64_t b = 0, g = 0, in_g = 0; b < nb; b++) {
         const uint8_t *wb = wt + b * bytes;
+        for (int64_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)(wb + PF_TILES * bytes + l), _MM_HINT_T0);
         const int32_t *x = (const int32_t *)(aq + QB * b);      /* row r's input pair j: x[r * half + j] */
         __m256i acc[TR][3];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm256_setzero_si256();
