@@ -57,6 +57,39 @@ def test_kernel_equals_dense(impl, b, strided):
     torch.testing.assert_close(out, ref, atol=5e-5, rtol=1e-4)
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(shape=st.sampled_from([(3, 3, 64), (1, 8, 16), (2, 3, 24), (4, 2, 8)]), bs=st.sampled_from([1, 4, 16, 32]),
+       context=st.integers(0, 90), rows=st.integers(2, 9), seed=st.integers(0, 2**16))
+def test_rows_of_one_sequence_together_give_each_rows_own_bits(shape, bs, context, rows, seed):
+    """A verification's k + 1 rows read one block table, each over its own length (context + 1 .. context + R), and
+    the C kernel attends them together in pieces. Every row must get exactly the bits it gets alone: speculative
+    greedy decoding equals plain greedy only while a guessed row scores its keys as the plain step scores them (a
+    piece's shorter row once took its last partial chunk's tail keys through the four-key path: another order of
+    additions, and chat at batch 16 parted from plain at a near-tie)."""
+    if cpu_native.load() is None:
+        pytest.skip("no C compiler: the C kernel is not built here")
+    kvh, group, d = shape
+    if rows > cpu_native.load().minillm_paged_decode_rows_max(group, d):
+        rows = max(2, cpu_native.load().minillm_paged_decode_rows_max(group, d))
+    g = torch.Generator().manual_seed(seed)
+    lens = list(range(context + 1, context + rows + 1))
+    width = -(-lens[-1] // bs)
+    num_blocks = width + 2
+    k_slots = torch.randn(kvh, num_blocks * bs, d, generator=g)
+    v_slots = torch.randn(kvh, num_blocks * bs, d, generator=g)
+    table = torch.randperm(num_blocks, generator=g)[:width]
+    q = torch.randn(rows, kvh * group, d, generator=g)
+    scale = d ** -0.5
+    together = torch.empty_like(q)
+    cpu_native.paged_decode(q, torch.arange(rows), k_slots, v_slots, table.expand(rows, -1), torch.tensor(lens), bs,
+                            scale, together)
+    for r in range(rows):
+        alone = torch.empty(1, kvh * group, d)
+        cpu_native.paged_decode(q[r:r + 1], torch.zeros(1, dtype=torch.long), k_slots, v_slots, table[None],
+                                torch.tensor([lens[r]]), bs, scale, alone)
+        assert torch.equal(together[r], alone[0]), (r, lens[r])
+
+
 def test_auto_uses_c_where_it_applies_and_numba_elsewhere():
     if cpu_native.load() is None:
         pytest.skip("no C compiler")

@@ -75,6 +75,13 @@ static inline v8f hsum4(v8f x0, v8f x1, v8f x2, v8f x3) {
     return c + __builtin_shufflevector(c, c, 4, 5, 6, 7, 0, 1, 2, 3);  /* lanes 0..3 hold the four sums */
 }
 
+/* One key's score for one query head, as score_chunk scores the keys past the last whole four. */
+static inline float score_one(const v8f *qg, int nv, const float *kr) {
+    v8f a0 = splat(0.0f);
+    for (int c = 0; c < nv; c++) a0 += qg[c] * load8(kr + 8 * c);
+    return hsum(a0);
+}
+
 /* Scores of one chunk of rows for the group's G query heads: s[g * CHUNK + j] = q_g . k_j, four rows at a
    time so each query vector is loaded once per four rows and four dot products are in flight. Lanes past
    n are set to -inf (they drop out of the max and get probability 0). */
@@ -94,12 +101,7 @@ static void score_chunk(const v8f *qv, int G, int nv, const float *krows, int n,
             v8f r = hsum4(a0, a1, a2, a3);
             sg[j] = r[0]; sg[j + 1] = r[1]; sg[j + 2] = r[2]; sg[j + 3] = r[3];
         }
-        for (; j < n; j++) {
-            const float *kr = krows + (int64_t)j * D;
-            v8f a0 = splat(0.0f);
-            for (int c = 0; c < nv; c++) a0 += qg[c] * load8(kr + 8 * c);
-            sg[j] = hsum(a0);
-        }
+        for (; j < n; j++) sg[j] = score_one(qg, nv, krows + (int64_t)j * D);
         for (; j < CHUNK; j++) sg[j] = -INFINITY;
     }
 }
@@ -159,8 +161,9 @@ static void softmax_chunk(float *s, int G, int nv, float *m, float *l, v8f *acc)
    against kv head h, in one pass over the keys and values: the R x G query heads are scored as one group, so each
    chunk of K and V is read once for all of them instead of once per row. Row r is q[r0 + r]; positions at or past
    lens[r] score -inf (probability 0: they add exact zeros). A row's sums are those it gets alone, chunk for chunk,
-   except in its last partial chunk, where the four-key path may take keys the one-key path took alone (the same
-   products, another order of the final additions). R * G <= MAX_GROUP (minillm_paged_decode_rows_max). */
+   bit for bit: in its last partial chunk the keys the four-key path took past its own last whole four are scored
+   again one by one, as alone (another order of additions there let speculative greedy decoding part from plain at
+   a near-tie). R * G <= MAX_GROUP (minillm_paged_decode_rows_max). */
 void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_t q_head_stride, int64_t r0, int R,
                                     const float *k, const float *v, const int64_t *table, const int64_t *lens,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t num_slots,
@@ -203,8 +206,13 @@ void minillm_paged_decode_rows_task(const float *q, int64_t q_row_stride, int64_
             for (int r = 0; r < R; r++) {          /* a row's positions past its own length: not its context */
                 const int64_t valid = lens[r] - pos;
                 if (valid >= n) continue;
-                for (int g = 0; g < G; g++)
-                    for (int j = valid > 0 ? (int)valid : 0; j < n; j++) sc[(r * G + g) * CHUNK + j] = -INFINITY;
+                for (int g = 0; g < G; g++) {
+                    float *sr = sc + (r * G + g) * CHUNK;
+                    for (int j = valid > 0 ? (int)valid : 0; j < n; j++) sr[j] = -INFINITY;
+                    /* alone, this chunk would end at valid: its keys past the last whole four scored one by one */
+                    for (int j = valid > 0 ? (int)(valid & ~(int64_t)3) : 0; j < valid; j++)
+                        sr[j] = score_one(qv + (r * G + g) * nv, nv, kh + (slot + j) * D);
+                }
             }
             softmax_chunk(sc, GR, nv, m, l, acc);
             accumulate_chunk(acc, sc, GR, nv, vh + slot * D, n, D);
