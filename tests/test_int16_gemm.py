@@ -32,6 +32,21 @@ def test_kernel_equals_its_integer_arithmetic_and_stays_within_the_rounding_boun
     assert bool(((y.double() - x.double() @ w.double().T).abs() <= cpu_int16.error_bound(x, w)).all())
 
 
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(m=st.integers(1, 70), n=st.integers(1, 60), k2=st.integers(1, 170), seed=st.integers(0, 10**6),
+       variant=st.sampled_from(["avx2", "avx2-vnni"]))
+def test_the_builds_without_avx512_give_the_same_bits(m, n, k2, seed, variant):
+    """With AVX-512 a tile keeps its int32 sums and float outputs in registers over all of K; without it the sums go
+    through memory once per chunk. The integer sums are exact and the float steps the same, in the same order, so
+    the builds agree bit for bit (on a machine without AVX-512 or VNNI some are the same build)."""
+    other = cpu_int16.load(variant)
+    if other is None:
+        pytest.skip(f"the {variant} build is not available here")
+    x, w = _data(m, n, 2 * k2, seed, 300.0)
+    packed = cpu_int16.pack(w)
+    assert torch.equal(cpu_int16.linear(x, packed), cpu_int16.linear(x, packed, lib=other))
+
+
 def test_the_bound_is_tight_enough_to_catch_coarser_codes():
     """Weights re-rounded to 8 bits per output channel (the first version of this path) break the bound."""
     x, w = _data(32, 48, 576, 3, outlier=300.0)

@@ -31,10 +31,16 @@ TILE_M = 4           # activation rows per register tile (y gets rows up to a mu
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
+# builds without AVX-512 (the tile's sums then go through memory once per chunk), without or with AVX-VNNI, for tests
+# on a machine that has them: the same bits as the native build
+VARIANT_FLAGS = {"native": (), "avx2": ("-mno-avx512f", "-mno-avxvnni"), "avx2-vnni": ("-mno-avx512f",)}
+
+
 @functools.cache
-def load() -> ctypes.CDLL | None:
+def load(variant: str = "native") -> ctypes.CDLL | None:
     """The compiled kernel, or None when it cannot be built or the CPU has no AVX2 (callers use another path)."""
-    lib = cpu_native.open_library(SOURCE, "int16 GEMM kernel", "batched steps use another path")
+    lib = cpu_native.open_library(SOURCE, "int16 GEMM kernel", "batched steps use another path",
+                                  VARIANT_FLAGS[variant])
     if lib is None:
         return None
     lib.minillm_int16_gemm.argtypes = [_P, _I, _I, _I, _P, _P, _I, _P, _P, _P, ctypes.c_int]
@@ -106,10 +112,11 @@ def pack(w: torch.Tensor) -> PackedInt16:
     return PackedInt16(tiles, scales.T.contiguous(), n, k)
 
 
-def linear(x: torch.Tensor, packed: PackedInt16, nthreads: int | None = None) -> torch.Tensor | None:
-    """x [..., K] -> [..., N] in x's dtype, by the kernel; None when x holds NaN or inf (the caller's float path
-    then propagates them, as float math would)."""
-    lib = load()
+def linear(x: torch.Tensor, packed: PackedInt16, nthreads: int | None = None,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """x [..., K] -> [..., N] in x's dtype, by the kernel (`lib`: another build, load(variant); default load());
+    None when x holds NaN or inf (the caller's float path then propagates them, as float math would)."""
+    lib = lib or load()
     if lib is None:
         raise RuntimeError("the int16 kernel is not available here (no C compiler or no AVX2): check available()")
     k = packed.k
