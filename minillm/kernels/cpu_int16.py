@@ -31,9 +31,8 @@ TILE_M = 4           # activation rows per register tile (y gets rows up to a mu
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
-# builds without AVX-512 (the tile's sums then go through memory once per chunk), without or with AVX-VNNI, for tests
-# on a machine that has them: the same bits as the native build
-VARIANT_FLAGS = {"native": (), "avx2": ("-mno-avx512f", "-mno-avxvnni"), "avx2-vnni": ("-mno-avx512f",)}
+# the AVX2 builds' tile takes its sums through memory once per chunk; tests hold them to the native build's bits
+VARIANT_FLAGS = {"native": (), **cpu_native.WITHOUT_AVX512}
 
 
 @functools.cache

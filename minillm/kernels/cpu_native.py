@@ -30,6 +30,9 @@ from minillm.kernels import cpu_threads
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared")
+# builds without AVX-512 (without or with AVX-VNNI) of a kernel, for tests that its AVX2 code gives the native build's
+# bits on a machine that has AVX-512 (cpu_qgemm.load, cpu_int16.load)
+WITHOUT_AVX512 = {"avx2": ("-mno-avx512f", "-mno-avxvnni"), "avx2-vnni": ("-mno-avx512f",)}
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ARGTYPES = [_P, _I, _I, _P, _I, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _P, _I, _I, ctypes.c_int]

@@ -44,8 +44,7 @@ def mode() -> str:
     return config.kernels().qgemm
 
 
-VARIANT_FLAGS = {"c": (), "scalar": ("-DMINILLM_QGEMM_SCALAR",), "avx2": ("-mno-avx512f", "-mno-avxvnni"),
-                 "avx2-vnni": ("-mno-avx512f",)}
+VARIANT_FLAGS = {"c": (), "scalar": ("-DMINILLM_QGEMM_SCALAR",), **cpu_native.WITHOUT_AVX512}
 
 
 @functools.cache

@@ -109,6 +109,17 @@ int minillm_int16_quantize_row(const float *x, int64_t K, int16_t *p, float *sx)
    a Zen 4 core issues for its two multiply-adds a cycle (the kernel ran at 60 % of the instruction's peak). The
    empty asm makes them registers: 3 loads + 4 broadcasts a pair. */
 #define IN_REGISTERS(a, b, c) __asm__("" : "+x"(a), "+x"(b), "+x"(c))
+/* One input pair j of a 4 x 24 tile: rows x0..x3 (int32 views of int16 pairs), weights at w, into a0..a11. */
+#define PAIR_4X24(j, w) {                                                                                          \
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(w)), w1 = _mm256_loadu_si256((const __m256i *)((w) + 16)), \
+                w2 = _mm256_loadu_si256((const __m256i *)((w) + 32));                                            \
+        IN_REGISTERS(w0, w1, w2);                                                                                  \
+        __m256i b;                                                                                                 \
+        b = _mm256_set1_epi32(x0[j]); DP(a0, b, w0); DP(a1, b, w1); DP(a2, b, w2);                                 \
+        b = _mm256_set1_epi32(x1[j]); DP(a3, b, w0); DP(a4, b, w1); DP(a5, b, w2);                                 \
+        b = _mm256_set1_epi32(x2[j]); DP(a6, b, w0); DP(a7, b, w1); DP(a8, b, w2);                                 \
+        b = _mm256_set1_epi32(x3[j]); DP(a9, b, w0); DP(a10, b, w1); DP(a11, b, w2);                               \
+    }
 #if defined(__AVX512VL__)
 /* y[m0..m0+4, nb*24 .. +24] = sum over chunks of sx * sw * (the chunk's int32 sums), one 24-column block; sw
    points at the block's first column of chunk 0 (chunk c's scales are N floats further per chunk); y's rows are
@@ -126,16 +137,7 @@ static void tile(const int16_t *p, int64_t K, int64_t nchunks, const float *sx, 
         const int64_t j0 = c * CHUNK / 2, j1 = (c * CHUNK + CHUNK < K ? c * CHUNK + CHUNK : K) / 2;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0,
                 a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-        for (int64_t j = j0; j < j1; j++, w += 2 * TN) {
-            __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16)),
-                    w2 = _mm256_loadu_si256((const __m256i *)(w + 32));
-            IN_REGISTERS(w0, w1, w2);
-            __m256i b;
-            b = _mm256_set1_epi32(x0[j]); DP(a0, b, w0); DP(a1, b, w1); DP(a2, b, w2);
-            b = _mm256_set1_epi32(x1[j]); DP(a3, b, w0); DP(a4, b, w1); DP(a5, b, w2);
-            b = _mm256_set1_epi32(x2[j]); DP(a6, b, w0); DP(a7, b, w1); DP(a8, b, w2);
-            b = _mm256_set1_epi32(x3[j]); DP(a9, b, w0); DP(a10, b, w1); DP(a11, b, w2);
-        }
+        for (int64_t j = j0; j < j1; j++, w += 2 * TN) PAIR_4X24(j, w)
         const float *s = sw + c * N;
         const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8), s2 = _mm256_loadu_ps(s + 16);
         __m256 g;
@@ -162,16 +164,7 @@ __attribute__((noinline)) static void chunk(const int16_t *p, int64_t K, int64_t
             a9 = a0, a10 = a0, a11 = a0;
     const int32_t *x0 = (const int32_t *)p, *x1 = (const int32_t *)(p + K), *x2 = (const int32_t *)(p + 2 * K),
                   *x3 = (const int32_t *)(p + 3 * K);
-    for (int64_t j = 0; j < npairs; j++, w += 2 * TN) {
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 16)),
-                w2 = _mm256_loadu_si256((const __m256i *)(w + 32));
-        IN_REGISTERS(w0, w1, w2);
-        __m256i b;
-        b = _mm256_set1_epi32(x0[j]); DP(a0, b, w0); DP(a1, b, w1); DP(a2, b, w2);
-        b = _mm256_set1_epi32(x1[j]); DP(a3, b, w0); DP(a4, b, w1); DP(a5, b, w2);
-        b = _mm256_set1_epi32(x2[j]); DP(a6, b, w0); DP(a7, b, w1); DP(a8, b, w2);
-        b = _mm256_set1_epi32(x3[j]); DP(a9, b, w0); DP(a10, b, w1); DP(a11, b, w2);
-    }
+    for (int64_t j = 0; j < npairs; j++, w += 2 * TN) PAIR_4X24(j, w)
 #define ST(r, v, a) _mm256_storeu_si256((__m256i *)(acc[r] + 8 * (v)), a);
     ST(0, 0, a0) ST(0, 1, a1) ST(0, 2, a2) ST(1, 0, a3) ST(1, 1, a4) ST(1, 2, a5)
     ST(2, 0, a6) ST(2, 1, a7) ST(2, 2, a8) ST(3, 0, a9) ST(3, 1, a10) ST(3, 2, a11)
