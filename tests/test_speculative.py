@@ -360,26 +360,25 @@ def test_greedy_verification_by_argmax_keeps_what_the_general_rule_keeps(seed, k
     V, extra = 50, 2
     logits = torch.randn(sum(ks) + len(ks) + extra, V, generator=gen)
     logits[:, 7] += 3.0                                  # token 7 often wins: penalties then change the argmax
+    starts = [extra // 2 + sum(ks[:i]) + i for i in range(len(ks))]
+    drafts = []                                          # every third guess the raw argmax, the rest random
+    for k, start in zip(ks, starts):
+        greedy = logits[start:start + k].argmax(-1).tolist()
+        drafts.append([int(t) if j % 3 else greedy[j] for j, t in enumerate(torch.randint(0, V, (k,), generator=gen))])
     outcomes = []
     for sampler in (Sampler(), _GeneralPathSampler()):
-        items, gens, start = [], [], extra // 2
-        for i, k in enumerate(ks):
+        items, gens = [], []
+        for i, (k, start, d) in enumerate(zip(ks, starts, drafts)):
             params = SamplingParams(temperature=0, repetition_penalty=1.5 if penalties and i % 2 == 0 else 1.0)
             g = torch.Generator().manual_seed(seed + i) if i % 2 else None
             seq = _VerifyingSeq(seq_id=i, params=params, generator=g, prompt_token_ids=[1, 7], output_token_ids=[7],
-                                  spec=SpecState([int(t) for t in torch.randint(0, V, (k,), generator=gen)]),
-                                  metrics=SimpleNamespace(spec=SpecStats()))
-            greedy = logits[start:start + k].argmax(-1).tolist()
-            seq.spec.token_ids = [t if j % 3 else greedy[j] for j, t in enumerate(seq.spec.token_ids)]
+                                spec=SpecState(list(d)), metrics=SimpleNamespace(spec=SpecStats()))
             items.append((seq, list(range(start, start + k + 1))))
             gens.append(g)
-            start += k + 1
         decoder = SpecDecoder(SpeculativeConfig(method="ngram", num_speculative_tokens=6), None, V)
         torch.manual_seed(seed)
         kept = decoder.verify(items, logits, sampler)
         outcomes.append(([kept[s][0] for s, _ in items], [g.get_state() for g in gens if g is not None]))
-        gen.manual_seed(seed)                            # the same drafts for the second sampler
-        torch.randn(logits.shape, generator=gen)
     (fast, fast_states), (general, general_states) = outcomes
     assert fast == general
     assert all(torch.equal(a, b) for a, b in zip(fast_states, general_states))
@@ -488,6 +487,15 @@ REWRITE = ("Repeat the following passage exactly, word for word:\n\nThe city lib
            "second floor. It has tall windows, long oak tables, and quiet corners with soft chairs.")
 
 
+def _requests_through(loaded, requests: list, spec: dict | None) -> tuple:
+    """(engine, outputs by request id "0", "1", ...): `requests` ((prompt ids, params) pairs) all added at once to a
+    fresh engine on `loaded` with speculative_config `spec`, run to the end."""
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig.from_kwargs(speculative_config=spec))
+    for i, (ids, params) in enumerate(requests):
+        engine.add_request(ids, params, request_id=str(i))
+    return engine, finish_all(engine)
+
+
 @pytest.mark.slow
 def test_smollm_chat_at_batch_16_is_unchanged_by_speculation():
     """bench spec's chat workload at batch 16 (16 prompts arriving together, 96 greedy tokens, n-gram k = 2) on the
@@ -497,17 +505,10 @@ def test_smollm_chat_at_batch_16_is_unchanged_by_speculation():
     from minillm.bench.spec import task_prompts
     from minillm.loading.loader import load_model
     loaded = load_model("default", quantization="auto")
-    prompts = task_prompts(loaded.tokenizer, "chat", 16, 0)
     params = SamplingParams(temperature=0, max_tokens=96)
-
-    def go(spec_):
-        engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig.from_kwargs(speculative_config=spec_))
-        for i, p in enumerate(prompts):
-            engine.add_request(p, params, request_id=str(i))
-        return engine, finish_all(engine)
-
-    _, plain = go(None)
-    engine, spec_out = go({"method": "ngram", "num_speculative_tokens": 2})
+    requests = [(p, params) for p in task_prompts(loaded.tokenizer, "chat", 16, 0)]
+    _, plain = _requests_through(loaded, requests, None)
+    engine, spec_out = _requests_through(loaded, requests, {"method": "ngram", "num_speculative_tokens": 2})
     assert engine.spec.stats.num_draft_tokens > 0
     assert [spec_out[r].token_ids for r in plain] == [plain[r].token_ids for r in plain]
 
@@ -520,16 +521,10 @@ def test_smollm_chat_at_batch_16_is_unchanged_by_speculation():
 def test_smollm_greedy_text_is_unchanged_by_speculation(smollm, spec):
     from minillm.engine.prompt import build_prompt_ids
     ids = build_prompt_ids(smollm.tokenizer, REWRITE)
-    params = [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, max_tokens=24, stop=["tall"])]
-
-    def go(spec_):
-        engine = LLMEngine(smollm.model, smollm.tokenizer, EngineConfig.from_kwargs(speculative_config=spec_))
-        for i, p in enumerate(params):
-            engine.add_request(ids, p, request_id=str(i))
-        return engine, finish_all(engine)
-
-    _, plain = go(None)
-    engine, spec_out = go(spec)
+    requests = [(ids, SamplingParams(temperature=0, max_tokens=40)),
+                (ids, SamplingParams(temperature=0, max_tokens=24, stop=["tall"]))]
+    _, plain = _requests_through(smollm, requests, None)
+    engine, spec_out = _requests_through(smollm, requests, spec)
     for rid in plain:
         assert spec_out[rid].text == plain[rid].text and spec_out[rid].token_ids == plain[rid].token_ids
     assert "tall" not in spec_out["1"].text and spec_out["1"].outputs[0].finish_reason == "stop"
